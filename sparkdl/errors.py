@@ -1,0 +1,23 @@
+"""The one exception hierarchy of sparkdl."""
+
+from __future__ import annotations
+
+
+class SparkDLError(Exception):
+    """Base class of every error sparkdl raises on purpose."""
+
+
+class ConfigurationError(SparkDLError, ValueError):
+    """A configuration key is unknown, missing, or holds a value of the wrong type or range."""
+
+
+class DataError(SparkDLError):
+    """Input data is missing, corrupt, or does not match its declared schema."""
+
+
+class CommunicationError(SparkDLError):
+    """A collective failed: a peer is dead, silent, unauthenticated, or sent a bad frame."""
+
+
+class TrainingError(SparkDLError):
+    """Training cannot continue: a non-finite loss or update, or a failed worker stage."""
