@@ -1,0 +1,1 @@
+"""DataVec-style ETL on Spark: sample sources, splits, normalizers."""

@@ -1,0 +1,11 @@
+"""spark-submit entry point for the predict stage.
+
+Usage: spark-submit jobs/predict.py --conf conf/digits.yaml [--set key=value ...]
+"""
+
+import sys
+
+from sparkdl.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], stage="predict"))

@@ -1,0 +1,58 @@
+"""Command line for the job stages: ``sparkdl STAGE --conf FILE [--set key=value ...]``.
+
+``jobs/etl.py``, ``jobs/train.py``, ``jobs/evaluate.py``, ``jobs/predict.py`` and
+``jobs/pipeline.py`` are this command with the stage fixed, for ``spark-submit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from sparkdl.errors import SparkDLError
+
+STAGES = ("etl", "train", "evaluate", "predict", "pipeline")
+
+
+def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"sparkdl {stage}" if stage else "sparkdl",
+        description="Run a sparkdl job stage on Spark.",
+    )
+    if stage is None:
+        parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("--conf", required=True, help="YAML job configuration (conf/*.yaml)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a configuration key, e.g. --set training.mode=averaging (repeatable)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
+    args = build_parser(stage).parse_args(argv)
+    stage = stage or args.stage
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from sparkdl import stages
+    from sparkdl.config import load_config
+    from sparkdl.session import get_spark
+
+    try:
+        config = load_config(args.conf, args.overrides)
+        spark = get_spark(config.cluster)
+        result = getattr(stages, f"run_{stage}")(config, spark)
+    except SparkDLError as exc:
+        print(f"sparkdl {stage}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(result, indent=2, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Mutual HMAC-SHA256 challenge-response for every sparkdl TCP connection.
+
+Acceptor                                   Connector
+  -- MAGIC | nonce_a (32) -------------------->
+  <-- MAGIC | ident (8) | nonce_c (32) | HMAC(secret, "C" | ctx | ident | nonce_a | nonce_c)
+  -- HMAC(secret, "A" | ctx | ident | nonce_a | nonce_c) -->
+
+``ctx`` names the purpose (ring or store) and ``ident`` the connector's claimed identity (its rank
+and the world size). No payload is read before the connector's MAC has been verified, and the
+connector sends no payload before it has verified the acceptor's MAC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import socket
+import struct
+import time
+
+from sparkdl.errors import CommunicationError, ConfigurationError
+
+MAGIC = b"SDLA1\x00"
+NONCE_BYTES = 32
+MAC_BYTES = 32
+_IDENT = struct.Struct("<II")  # connector rank, world size
+CONNECTOR_REPLY_BYTES = len(MAGIC) + _IDENT.size + NONCE_BYTES + MAC_BYTES
+HANDSHAKE_BYTES_ACCEPTOR = len(MAGIC) + NONCE_BYTES + MAC_BYTES
+
+
+class AuthenticationError(CommunicationError):
+    """The other end of a connection failed the challenge-response."""
+
+
+def check_secret(secret: bytes) -> bytes:
+    """Validate a per-job secret (at least 16 bytes)."""
+    if not isinstance(secret, bytes | bytearray) or len(secret) < 16:
+        raise ConfigurationError(
+            "secret: expected at least 16 bytes (e.g. secrets.token_bytes(32)), "
+            f"got {type(secret).__name__} of length {len(secret) if secret is not None else 0}"
+        )
+    return bytes(secret)
+
+
+def _mac(secret: bytes, role: bytes, ctx: bytes, ident: bytes, na: bytes, nc: bytes) -> bytes:
+    return hmac.new(secret, role + ctx + ident + na + nc, hashlib.sha256).digest()
+
+
+def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """Blocking read of exactly ``n`` bytes before ``deadline`` (monotonic)."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"timed out after receiving {got} of {n} bytes")
+        sock.settimeout(remaining)
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
+    """Blocking send of ``data`` before ``deadline`` (monotonic)."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("timed out before sending")
+    sock.settimeout(remaining)
+    sock.sendall(data)
+
+
+def authenticate_acceptor(
+    sock: socket.socket, secret: bytes, ctx: bytes, deadline: float
+) -> tuple[int, int]:
+    """Run the acceptor side; returns the connector's verified ``(rank, world_size)``.
+
+    Raises :class:`AuthenticationError` on a bad MAC or malformed reply, and ``OSError`` /
+    ``TimeoutError`` on I/O failure.
+    """
+    nonce_a = secrets.token_bytes(NONCE_BYTES)
+    send_all(sock, MAGIC + nonce_a, deadline)
+    reply = recv_exact(sock, CONNECTOR_REPLY_BYTES, deadline)
+    if not reply.startswith(MAGIC):
+        raise AuthenticationError("bad handshake magic (not a sparkdl peer)")
+    pos = len(MAGIC)
+    ident = reply[pos : pos + _IDENT.size]
+    pos += _IDENT.size
+    nonce_c = reply[pos : pos + NONCE_BYTES]
+    mac = reply[pos + NONCE_BYTES :]
+    if not hmac.compare_digest(mac, _mac(secret, b"C", ctx, ident, nonce_a, nonce_c)):
+        raise AuthenticationError("HMAC mismatch (wrong secret or tampered handshake)")
+    send_all(sock, _mac(secret, b"A", ctx, ident, nonce_a, nonce_c), deadline)
+    rank, world = _IDENT.unpack(ident)
+    return rank, world
+
+
+def authenticate_connector(
+    sock: socket.socket, secret: bytes, ctx: bytes, rank: int, world_size: int, deadline: float
+) -> None:
+    """Run the connector side, proving ``(rank, world_size)`` and verifying the acceptor."""
+    hello = recv_exact(sock, len(MAGIC) + NONCE_BYTES, deadline)
+    if not hello.startswith(MAGIC):
+        raise AuthenticationError("bad handshake magic from acceptor (not a sparkdl peer)")
+    nonce_a = hello[len(MAGIC) :]
+    nonce_c = secrets.token_bytes(NONCE_BYTES)
+    ident = _IDENT.pack(rank, world_size)
+    mac = _mac(secret, b"C", ctx, ident, nonce_a, nonce_c)
+    send_all(sock, MAGIC + ident + nonce_c + mac, deadline)
+    answer = recv_exact(sock, MAC_BYTES, deadline)
+    if not hmac.compare_digest(answer, _mac(secret, b"A", ctx, ident, nonce_a, nonce_c)):
+        raise AuthenticationError("acceptor failed to prove the job secret")

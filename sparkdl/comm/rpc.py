@@ -1,0 +1,124 @@
+"""Collectives through the rendezvous alone (on Spark: ``BarrierTaskContext.allGather``), for
+clusters where executors cannot open ports to each other."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+
+import numpy as np
+
+from sparkdl.comm.communicator import Communicator, TrafficCounters
+from sparkdl.errors import CommunicationError, ConfigurationError
+
+_PREFIX = "sdl1"
+
+
+class AllGatherCommunicator(Communicator):
+    """Every collective is one ``exchange`` round of base64 strings tagged with the operation
+    and a sequence number. ``allreduce`` sums in rank order, so all ranks get identical bits.
+
+    Waits are bounded by the ``exchange`` itself (Spark's barrier timeout, or the store's
+    ``timeout_s``); ``timeout_s`` is reported in errors.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        exchange: Callable[[str], list[str]],
+        *,
+        timeout_s: float = 60.0,
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigurationError(
+                f"rank/world_size: expected 0 <= rank < world_size, got {rank}/{world_size}"
+            )
+        self.rank = rank
+        self.world_size = world_size
+        self.counters = TrafficCounters()
+        self.timeout_s = timeout_s
+        self._exchange = exchange
+        self._seq = 0
+        self._closed = False
+
+    def _round(self, op: str, payload: bytes | memoryview) -> list[bytes]:
+        if self._closed:
+            raise CommunicationError(f"rank {self.rank}: communicator is closed")
+        seq = self._seq
+        self._seq += 1
+        text = f"{_PREFIX}|{op}|{seq}|{base64.b64encode(payload).decode('ascii')}"
+        try:
+            replies = self._exchange(text)
+        except CommunicationError:
+            raise
+        except Exception as exc:
+            raise CommunicationError(
+                f"rank {self.rank}: exchange failed during {op} (timeout {self.timeout_s} s): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        self.counters.bytes_sent += len(text)
+        if len(replies) != self.world_size:
+            raise CommunicationError(
+                f"rank {self.rank}: exchange returned {len(replies)} messages during {op}, "
+                f"expected {self.world_size}"
+            )
+        out = []
+        for peer, reply in enumerate(replies):
+            self.counters.bytes_received += len(reply)
+            parts = str(reply).split("|", 3)
+            if len(parts) != 4 or parts[0] != _PREFIX or parts[1] != op or parts[2] != str(seq):
+                head = "|".join(parts[:3])[:60]
+                raise CommunicationError(
+                    f"rank {self.rank}: rank {peer} is out of step: expected {op} seq {seq}, "
+                    f"received {head!r}"
+                )
+            try:
+                out.append(base64.b64decode(parts[3], validate=True))
+            except (binascii.Error, ValueError) as exc:
+                raise CommunicationError(
+                    f"rank {self.rank}: rank {peer} sent a malformed {op} message"
+                ) from exc
+        return out
+
+    def allgather(self, message: bytes | memoryview) -> list[bytes]:
+        return self._round("allgather", message)
+
+    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+        if op not in ("sum", "mean"):
+            raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
+        arr = np.ascontiguousarray(array)
+        if arr.dtype not in (np.float32, np.float64):
+            raise ConfigurationError(
+                f"allreduce dtype: expected float32 or float64, got {arr.dtype}"
+            )
+        parts = self._round(f"allreduce-{arr.dtype.name}", arr.tobytes())
+        for peer, part in enumerate(parts):
+            if len(part) != arr.nbytes:
+                raise CommunicationError(
+                    f"rank {self.rank}: rank {peer} sent {len(part)} bytes to allreduce, "
+                    f"expected {arr.nbytes}"
+                )
+        out = np.frombuffer(parts[0], dtype=arr.dtype).copy()
+        for part in parts[1:]:
+            out += np.frombuffer(part, dtype=arr.dtype)
+        if op == "mean":
+            out /= out.dtype.type(self.world_size)
+        return out.reshape(arr.shape)
+
+    def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
+        if not 0 <= root < self.world_size:
+            raise ConfigurationError(
+                f"broadcast root: expected 0 <= root < {self.world_size}, got {root}"
+            )
+        if self.rank == root and message is None:
+            raise ConfigurationError("broadcast: the root rank must pass a message, got None")
+        mine = message if self.rank == root and message is not None else b""
+        return self._round(f"broadcast-{root}", mine)[root]
+
+    def barrier(self) -> None:
+        self._round("barrier", b"")
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,307 @@
+"""Threshold algorithms (how tau is chosen each step) and the shake-up / clipping schedules.
+
+Every class is a Keras-style config object: ``get_config()`` returns its constructor
+arguments and ``from_config(config)`` rebuilds it; :func:`threshold_to_config` /
+:func:`threshold_from_config` add and read a ``"class_name"`` key. Bad parameters raise
+:class:`sparkdl.errors.ConfigurationError` naming the parameter and its value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sparkdl.errors import ConfigurationError
+
+__all__ = [
+    "MAX_TAU",
+    "MIN_TAU",
+    "AdaptiveThreshold",
+    "FixedThreshold",
+    "ResidualClipping",
+    "ShakeUp",
+    "TargetSparsityThreshold",
+    "ThresholdAlgorithm",
+    "threshold_from_config",
+    "threshold_to_config",
+]
+
+#: Range every adaptive tau is clamped to.
+MIN_TAU = 1e-12
+MAX_TAU = 1e6
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ConfigurationError(f"{name} must be finite, got {value!r}")
+    return result
+
+
+def _positive(name: str, value: Any) -> float:
+    result = _number(name, value)
+    if result <= 0:
+        raise ConfigurationError(f"{name} must be > 0, got {value!r}")
+    return result
+
+
+def _tau(name: str, value: Any) -> float:
+    """A tau that survives rounding to float32 as a positive finite number."""
+    result = _positive(name, value)
+    t = np.float32(result) if result < 3.4e38 else np.float32(np.inf)
+    if not (np.isfinite(t) and t > 0):
+        raise ConfigurationError(f"{name} must be representable as a float32 > 0, got {value!r}")
+    return result
+
+
+def _fraction(name: str, value: Any) -> float:
+    result = _number(name, value)
+    if not 0 < result <= 1:
+        raise ConfigurationError(f"{name} must be in (0, 1], got {value!r}")
+    return result
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ConfigurationError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+class ThresholdAlgorithm:
+    """Chooses the threshold tau for each step from what earlier steps produced.
+
+    The compressor calls :meth:`select` (which defaults to :meth:`threshold`) before encoding
+    and :meth:`observe` afterwards with the number of elements sent.
+    """
+
+    #: True when :meth:`select` reads the residual (the compressor then adds the update to
+    #: the residual before selecting, instead of fusing the add into the encode sweep).
+    uses_residual: ClassVar[bool] = False
+
+    def threshold(self, step: int) -> float:
+        """Tau to use at ``step``."""
+        raise NotImplementedError
+
+    def select(self, residual: np.ndarray, step: int) -> float:
+        """Tau for ``step`` given the residual about to be encoded; default :meth:`threshold`."""
+        return self.threshold(step)
+
+    def observe(self, nnz: int, num_elements: int) -> None:
+        """Record that the last step sent ``nnz`` of ``num_elements`` elements."""
+
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments, JSON-compatible."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ThresholdAlgorithm:
+        """Rebuild from :meth:`get_config` output."""
+        try:
+            return cls(**config)
+        except TypeError as exc:
+            raise ConfigurationError(f"bad {cls.__name__} config {config!r}: {exc}") from None
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+class FixedThreshold(ThresholdAlgorithm):
+    """The same tau every step."""
+
+    def __init__(self, tau: float) -> None:
+        self.tau = _tau("tau", tau)
+
+    def threshold(self, step: int) -> float:
+        return self.tau
+
+    def get_config(self) -> dict[str, Any]:
+        return {"tau": self.tau}
+
+
+class AdaptiveThreshold(ThresholdAlgorithm):
+    """DL4J's AdaptiveThresholdAlgorithm: keep the sparsity inside a target band.
+
+    After a step whose sparsity (``nnz / num_elements``) was below ``min_sparsity`` (too few
+    elements sent) tau is multiplied by ``decay`` (< 1, so it shrinks); above
+    ``max_sparsity`` it is divided by ``decay``; inside the band it stays. Tau is clamped to
+    ``[MIN_TAU, MAX_TAU]``. An empty vector (``num_elements == 0``) changes nothing.
+    """
+
+    def __init__(
+        self,
+        initial: float = 1e-4,
+        min_sparsity: float = 1e-4,
+        max_sparsity: float = 1e-2,
+        decay: float = 0.5 ** (1 / 20),
+    ) -> None:
+        self.initial = _tau("initial", initial)
+        self.min_sparsity = _fraction("min_sparsity", min_sparsity)
+        self.max_sparsity = _fraction("max_sparsity", max_sparsity)
+        if self.min_sparsity > self.max_sparsity:
+            raise ConfigurationError(
+                f"min_sparsity ({min_sparsity!r}) must be <= max_sparsity ({max_sparsity!r})"
+            )
+        self.decay = _number("decay", decay)
+        if not 0 < self.decay < 1:
+            raise ConfigurationError(f"decay must be in (0, 1), got {decay!r}")
+        self.tau = min(max(self.initial, MIN_TAU), MAX_TAU)
+        self.last_sparsity: float | None = None
+
+    def threshold(self, step: int) -> float:
+        return self.tau
+
+    def observe(self, nnz: int, num_elements: int) -> None:
+        if num_elements <= 0:
+            return
+        sparsity = nnz / num_elements
+        self.last_sparsity = sparsity
+        if sparsity < self.min_sparsity:
+            self.tau = max(self.tau * self.decay, MIN_TAU)
+        elif sparsity > self.max_sparsity:
+            self.tau = min(self.tau / self.decay, MAX_TAU)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "initial": self.initial,
+            "min_sparsity": self.min_sparsity,
+            "max_sparsity": self.max_sparsity,
+            "decay": self.decay,
+        }
+
+
+class TargetSparsityThreshold(ThresholdAlgorithm):
+    """Pick tau so that about ``sparsity * n`` elements of the residual pass.
+
+    :meth:`select` takes a strided sample of ``|residual|`` (at least 65,536 elements, and
+    enough that the target is about 64 of them, capped at the whole vector; the start of the
+    stride moves with the step), and returns its ``(1 - sparsity)`` quantile via
+    ``np.partition``. If that quantile is 0 (an almost-empty residual) the previous tau is
+    kept. The first tau before any residual is seen is ``initial``.
+    """
+
+    uses_residual: ClassVar[bool] = True
+    _MIN_SAMPLE = 1 << 16
+
+    def __init__(self, sparsity: float = 1e-3, initial: float = 1e-4) -> None:
+        self.sparsity = _fraction("sparsity", sparsity)
+        self.initial = _tau("initial", initial)
+        self.tau = min(max(self.initial, MIN_TAU), MAX_TAU)
+
+    def threshold(self, step: int) -> float:
+        return self.tau
+
+    def select(self, residual: np.ndarray, step: int) -> float:
+        n = residual.size
+        if n == 0:
+            return self.tau
+        want = max(self._MIN_SAMPLE, math.ceil(64 / self.sparsity))
+        stride = max(1, n // want)
+        offset = (step * 7919) % stride
+        sample = np.abs(residual[offset::stride])
+        passing = max(1, round(self.sparsity * sample.size))
+        kth = sample.size - passing
+        value = float(np.partition(sample, kth)[kth])
+        if math.isfinite(value) and value > 0:
+            self.tau = min(max(value, MIN_TAU), MAX_TAU)
+        return self.tau
+
+    def get_config(self) -> dict[str, Any]:
+        return {"sparsity": self.sparsity, "initial": self.initial}
+
+
+class _Config:
+    """Dataclass config helpers shared by the schedules."""
+
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments, JSON-compatible."""
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Any:
+        """Rebuild from :meth:`get_config` output."""
+        try:
+            return cls(**config)
+        except TypeError as exc:
+            raise ConfigurationError(f"bad {cls.__name__} config {config!r}: {exc}") from None
+
+
+@dataclass
+class ShakeUp(_Config):
+    """Every ``frequency`` steps (steps ``frequency, 2*frequency, ...``; 0 = never) encode with
+    ``tau * factor`` to flush residue that never reaches tau."""
+
+    frequency: int = 0
+    factor: float = 0.1
+
+    def __post_init__(self) -> None:
+        self.frequency = _count("frequency", self.frequency)
+        self.factor = _fraction("factor", self.factor)
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a shake-up step."""
+        return self.frequency > 0 and step > 0 and step % self.frequency == 0
+
+
+@dataclass
+class ResidualClipping(_Config):
+    """Every ``frequency`` steps (steps ``frequency, 2*frequency, ...``) clip the residual to
+    ``±factor * tau`` after encoding; ``factor == 0`` or ``frequency == 0`` disables it."""
+
+    factor: float = 5.0
+    frequency: int = 5
+
+    def __post_init__(self) -> None:
+        self.factor = _number("factor", self.factor)
+        if self.factor < 0:
+            raise ConfigurationError(f"factor must be >= 0, got {self.factor!r}")
+        self.frequency = _count("frequency", self.frequency)
+
+    def due(self, step: int) -> bool:
+        """Whether the residual is clipped after ``step``."""
+        return self.factor > 0 and self.frequency > 0 and step > 0 and step % self.frequency == 0
+
+
+_CLASSES: dict[str, type[Any]] = {
+    cls.__name__: cls
+    for cls in (
+        FixedThreshold,
+        AdaptiveThreshold,
+        TargetSparsityThreshold,
+        ShakeUp,
+        ResidualClipping,
+    )
+}
+
+
+def threshold_to_config(obj: ThresholdAlgorithm | ShakeUp | ResidualClipping) -> dict[str, Any]:
+    """``{"class_name": ..., "config": obj.get_config()}``."""
+    name = type(obj).__name__
+    if _CLASSES.get(name) is not type(obj):
+        raise ConfigurationError(f"cannot serialise {name}: not a known threshold class")
+    return {"class_name": name, "config": obj.get_config()}
+
+
+def threshold_from_config(config: dict[str, Any]) -> Any:
+    """Inverse of :func:`threshold_to_config`. Also accepts the flat form
+    ``{"class_name": ..., **constructor_args}``."""
+    if not isinstance(config, dict) or "class_name" not in config:
+        raise ConfigurationError(f"threshold config needs a 'class_name' key, got {config!r}")
+    name = config["class_name"]
+    cls = _CLASSES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ConfigurationError(
+            f"unknown threshold class_name {name!r}; expected one of {sorted(_CLASSES)}"
+        )
+    if "config" in config:
+        args = config["config"]
+        if not isinstance(args, dict):
+            raise ConfigurationError(f"threshold 'config' must be a dict, got {args!r}")
+    else:
+        args = {k: v for k, v in config.items() if k != "class_name"}
+    return cls.from_config(dict(args))

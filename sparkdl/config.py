@@ -1,0 +1,211 @@
+"""Typed, validated job configuration: cluster/system, data, model, training, output.
+
+A configuration is YAML on disk (``conf/*.yaml``) plus ``--set key=value`` overrides. Every
+key is checked: an unknown key, a value of the wrong type or out of range raises one
+:class:`ConfigurationError` that names the file, the dotted key, what was expected and what
+came.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sparkdl.errors import ConfigurationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ClusterConfig(_Section):
+    """Where and how workers run and talk (the seeds' VoidConfiguration)."""
+
+    master: str | None = Field(
+        default="local[2]",
+        description="Spark master when the job creates its own session; ignored when a "
+        "session already exists or spark-submit set one.",
+    )
+    app_name: str = "sparkdl"
+    transport: Literal["tcp", "spark"] = "tcp"
+    timeout_s: float = Field(default=120.0, gt=0)
+    network_mask: str | None = None
+    port_range: str | None = None
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v)
+                    for k, v in value.items()}
+        return value
+
+
+class DataConfig(_Section):
+    """The ETL pipeline and where its shards live."""
+
+    pipeline: str = "digits"
+    dir: str = "runs/digits/data"
+    options: dict[str, Any] = Field(default_factory=dict)
+    overwrite: bool = True
+
+
+class OptimizerConfig(_Section):
+    name: str = "adam"
+    learning_rate: float = Field(default=1e-3, gt=0)
+
+
+class ModelConfig(_Section):
+    """Which Keras model to build: a built-in name or ``module:function``."""
+
+    name: str = "mlp"
+    params: dict[str, Any] = Field(default_factory=dict)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    loss: str = "sparse_categorical_crossentropy"
+
+
+class ThresholdConfig(_Section):
+    algorithm: Literal["adaptive", "fixed", "target_sparsity"] = "adaptive"
+    initial: float = Field(default=1e-3, gt=0)
+    min_sparsity: float = Field(default=1e-4, gt=0, le=1)
+    max_sparsity: float = Field(default=1e-2, gt=0, le=1)
+    sparsity: float = Field(default=1e-3, gt=0, le=1)
+
+
+class ShakeUpConfig(_Section):
+    frequency: int = Field(default=0, ge=0)
+    factor: float = Field(default=0.1, gt=0, le=1)
+
+
+class ClippingConfig(_Section):
+    factor: float = Field(default=5.0, ge=0)
+    frequency: int = Field(default=5, ge=0)
+
+
+class TrainingConfig(_Section):
+    """The training master and its schedule."""
+
+    mode: Literal["sharing", "averaging", "dense"] = "sharing"
+    num_workers: int = Field(default=2, ge=1)
+    batch_size_per_worker: int = Field(default=32, ge=1)
+    epochs: int = Field(default=10, ge=1)
+    seed: int = 42
+    threshold: ThresholdConfig = Field(default_factory=ThresholdConfig)
+    shake_up: ShakeUpConfig = Field(default_factory=ShakeUpConfig)
+    residual_clipping: ClippingConfig = Field(default_factory=ClippingConfig)
+    averaging_frequency: int = Field(default=5, ge=1)
+    save_updater: bool = True
+
+
+class OutputConfig(_Section):
+    dir: str = "runs/digits"
+
+
+class JobConfig(_Section):
+    """A whole job: every section is optional and has defaults."""
+
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# Mappings whose own keys contain dots (Spark properties): the rest of an override's dotted
+# key after one of these prefixes is a single key.
+_DOTTED_KEY_SECTIONS = (("cluster", "spark_conf"),)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as a YAML scalar (``5`` → int, ``true`` →
+    bool, ``[1, 2]`` → list, ``null`` → None)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigurationError(f"--set expects key=value with a dotted key, got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"--set {key}: cannot parse value {raw!r}: {exc}") from None
+    path = key.split(".")
+    for prefix in _DOTTED_KEY_SECTIONS:
+        if tuple(path[: len(prefix)]) == prefix and len(path) > len(prefix) + 1:
+            path = [*prefix, ".".join(path[len(prefix) :])]
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with every ``key=value`` override applied."""
+    result: dict[str, Any] = _deep_copy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = result
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigurationError(
+                    f"--set {'.'.join(path)}: {part!r} holds a value, not a section"
+                )
+            node = child
+        node[path[-1]] = value
+    return result
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    data: Mapping[str, Any] | None = None,
+) -> JobConfig:
+    """Load and validate a job configuration from a YAML file (or a mapping) plus overrides."""
+    source = str(path) if path is not None else "<config>"
+    raw: Any = dict(data or {})
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigurationError(f"configuration file {source} does not exist")
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigurationError(f"{source}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigurationError(
+                f"{source}: expected a mapping of sections, got {type(raw).__name__}"
+            )
+    raw = apply_overrides(raw, overrides)
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigurationError(describe_validation_error(exc, source)) from None
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """One readable message naming each bad key, what was expected and what came."""
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key {key!r}")
+        else:
+            got = error.get("input")
+            lines.append(f"{source}: {key}: {error['msg'].lower()}, got {got!r}")
+    return "; ".join(lines)
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value

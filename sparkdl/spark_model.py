@@ -1,0 +1,299 @@
+"""SparkModel: fit, evaluate and predict a Keras model on Spark (DL4J's SparkDl4jMultiLayer).
+
+``fit`` launches one barrier-mode task per worker; the tasks find each other through
+``BarrierTaskContext.allGather``, open the configured transport and run the shared worker
+loop (:mod:`sparkdl.training.worker`). Rank 0's trained model comes back to the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from sparkdl.config import ClusterConfig
+from sparkdl.data.metadata import ShardMetadata, read_metadata
+from sparkdl.errors import ConfigurationError, TrainingError
+from sparkdl.evaluation import Evaluation
+from sparkdl.training.masters import TrainingMaster
+from sparkdl.training.summary import FitResult, summarize_fit
+
+if TYPE_CHECKING:
+    import keras
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("sparkdl")
+
+
+class SparkModel:
+    """Train a compiled Keras model on Spark with a training master.
+
+    >>> tm = SharedTrainingMaster(batch_size_per_worker=32, num_workers=2)
+    >>> spark_model = SparkModel(spark, keras_model, tm)
+    >>> spark_model.fit("file:///data/train", epochs=10)
+    >>> print(spark_model.evaluate("file:///data/test").stats())
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        model: keras.Model,
+        training_master: TrainingMaster,
+        *,
+        cluster: ClusterConfig | None = None,
+        custom_objects: dict[str, Any] | None = None,
+    ) -> None:
+        if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
+            raise ConfigurationError("the Keras model must be compiled (model.compile(...))")
+        self.spark = spark
+        self.model = model
+        self.training_master = training_master
+        self.cluster = cluster or ClusterConfig()
+        self.custom_objects = custom_objects
+        self.last_fit: FitResult | None = None
+
+    # Training --------------------------------------------------------------------------
+
+    def fit(self, data_uri: str, epochs: int = 1, *, shuffle: bool = True) -> FitResult:
+        """Train on the shard directory ``data_uri`` for ``epochs`` epochs."""
+        from sparkdl.data.reader import plan_slices
+        from sparkdl.training.serialization import model_from_bytes, model_to_bytes
+        from sparkdl.training.worker import WorkerSpec
+
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ConfigurationError(f"epochs must be a positive integer, got {epochs!r}")
+        tm = self.training_master
+        metadata = read_metadata(data_uri)
+        self._check_slots(tm.num_workers)
+        slices, steps_per_epoch = plan_slices(metadata, tm.num_workers, tm.batch_size_per_worker)
+        spec = WorkerSpec(
+            model_bytes=model_to_bytes(self.model),
+            master_config=tm.get_config(),
+            data_uri=data_uri,
+            metadata_json=metadata.to_json(),
+            slices=slices,
+            steps_per_epoch=steps_per_epoch,
+            epochs=epochs,
+            job_id=secrets.randbits(63),
+            custom_objects=self.custom_objects,
+            threads=self._task_cpus(),
+            shuffle=shuffle,
+        )
+        log.info(
+            "fit: %s, %d workers x batch %d, %d steps/epoch, %d epochs, transport %s",
+            tm, tm.num_workers, tm.batch_size_per_worker, steps_per_epoch, epochs,
+            self.cluster.transport,
+        )
+        started = time.perf_counter()
+        results = self._run_barrier_stage(spec)
+        wall = time.perf_counter() - started
+        results.sort(key=lambda r: r["rank"])
+        self.model = model_from_bytes(results[0].pop("model_bytes"), self.custom_objects)
+        self.last_fit = summarize_fit(results, tm, epochs, steps_per_epoch, wall)
+        return self.last_fit
+
+    def _run_barrier_stage(self, spec: Any) -> list[dict[str, Any]]:
+        sc = self.spark.sparkContext
+        cluster = self.cluster.model_dump()
+        secret = secrets.token_bytes(32)
+        spec_broadcast = sc.broadcast(spec)
+        num_workers = self.training_master.num_workers
+        sc.setJobDescription(f"sparkdl fit ({self.training_master.mode}, {num_workers} workers)")
+        try:
+            rdd = sc.parallelize(range(num_workers), num_workers).barrier()
+            return rdd.mapPartitions(
+                lambda _: _train_task(spec_broadcast, cluster, secret)
+            ).collect()
+        except Exception as exc:
+            raise TrainingError(f"the training stage failed: {_root_cause(exc)}") from exc
+        finally:
+            sc.setJobDescription(None)
+            spec_broadcast.unpersist()
+
+    def _task_cpus(self) -> int:
+        return int(self.spark.sparkContext.getConf().get("spark.task.cpus", "1"))
+
+    def _check_slots(self, num_workers: int) -> None:
+        sc = self.spark.sparkContext
+        slots = max(1, sc.defaultParallelism // self._task_cpus())
+        if num_workers > slots:
+            raise ConfigurationError(
+                f"num_workers={num_workers} but Spark has only {slots} task slots "
+                f"(spark.default.parallelism={sc.defaultParallelism}, "
+                f"spark.task.cpus={self._task_cpus()}); barrier mode needs one slot per worker"
+            )
+
+    # Evaluation and inference ----------------------------------------------------------
+
+    def evaluate(self, data_uri: str, batch_size: int = 256) -> Evaluation:
+        """Evaluate the current model on a shard directory, on the executors."""
+        from sparkdl.training.serialization import model_to_bytes
+
+        metadata = read_metadata(data_uri)
+        if metadata.label_kind != "class":
+            raise ConfigurationError(
+                f"evaluate() computes classification metrics; {data_uri} holds "
+                f"{metadata.label_kind} labels"
+            )
+        sc = self.spark.sparkContext
+        model_broadcast = sc.broadcast(model_to_bytes(self.model))
+        files = [f.path for f in metadata.files]
+        threads = self._task_cpus()
+        custom_objects = self.custom_objects
+        num_classes = metadata.num_classes
+        labels = metadata.classes
+
+        def evaluate_partition(paths):
+            from sparkdl.data.reader import iter_batches
+
+            paths = list(paths)
+            evaluation = Evaluation(num_classes, labels)
+            if paths:
+                model = _load_task_model(model_broadcast.value, custom_objects, threads)
+                for x, y in iter_batches(data_uri, paths, batch_size):
+                    evaluation.eval(y, model.predict_on_batch(x))
+            yield evaluation.to_dict()
+
+        try:
+            parts = (
+                sc.parallelize(files, max(1, min(len(files), sc.defaultParallelism)))
+                .mapPartitions(evaluate_partition)
+                .collect()
+            )
+        finally:
+            model_broadcast.unpersist()
+        total = Evaluation(num_classes, labels)
+        for part in parts:
+            total.merge(Evaluation.from_dict(part))
+        return total
+
+    def predict(self, data: str | DataFrame, batch_size: int = 256) -> DataFrame:
+        """Predict on a shard directory or a DataFrame with a ``features`` array column.
+
+        Returns the input rows with ``prediction`` (class index, or the output vector for
+        regression) and ``scores`` (the model's output vector) columns.
+        """
+        import numpy as np
+        import pandas as pd
+        from pyspark.sql import types as T
+
+        from sparkdl.training.serialization import model_to_bytes
+
+        if isinstance(data, str):
+            metadata = read_metadata(data)
+            df = self.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
+            feature_shape = metadata.feature_shape
+        else:
+            df = data
+            if "features" not in df.columns:
+                raise ConfigurationError(
+                    f"predict() needs a 'features' column; the DataFrame has {df.columns}"
+                )
+            feature_shape = [int(d) for d in self.model.input_shape[1:]]
+        model_broadcast = self.spark.sparkContext.broadcast(model_to_bytes(self.model))
+        threads, custom_objects = self._task_cpus(), self.custom_objects
+        schema = T.StructType(
+            [*df.schema.fields,
+             T.StructField("prediction", T.LongType()),
+             T.StructField("scores", T.ArrayType(T.FloatType()))]
+        )
+
+        def predict_batches(frames):
+            model = _load_task_model(model_broadcast.value, custom_objects, threads)
+            for frame in frames:
+                for start in range(0, len(frame), batch_size):
+                    part = frame.iloc[start : start + batch_size].copy()
+                    x = np.stack(part["features"].to_numpy()).astype(np.float32)
+                    scores = np.asarray(model.predict_on_batch(x.reshape(-1, *feature_shape)))
+                    scores = scores.reshape(len(part), -1)
+                    part["prediction"] = scores.argmax(axis=1).astype(np.int64)
+                    part["scores"] = pd.Series(list(scores.astype(np.float32)), index=part.index)
+                    yield part
+
+        return df.mapInPandas(predict_batches, schema)
+
+
+# Runs inside Spark tasks ------------------------------------------------------------------
+
+_TASK_MODELS: dict[int, Any] = {}
+
+
+def _load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> Any:
+    """Load a broadcast model once per Python worker process."""
+    from sparkdl.training.serialization import model_from_bytes
+    from sparkdl.training.worker import configure_tensorflow
+
+    key = hash(model_bytes)
+    if key not in _TASK_MODELS:
+        configure_tensorflow(threads)
+        _TASK_MODELS.clear()
+        _TASK_MODELS[key] = model_from_bytes(model_bytes, custom_objects)
+    return _TASK_MODELS[key]
+
+
+def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes):
+    """One barrier task: join the ring, train, yield this worker's results."""
+    from pyspark import BarrierTaskContext
+
+    from sparkdl.comm import create_communicator
+    from sparkdl.comm.network import parse_port_range
+    from sparkdl.training.worker import configure_tensorflow, run_worker
+
+    context = BarrierTaskContext.get()
+    rank = context.partitionId()
+    infos = context.getTaskInfos()
+    resources = context.resources()
+    gpus = list(resources["gpu"].addresses) if "gpu" in resources else None
+    spec = spec_broadcast.value
+    configure_tensorflow(spec.threads, gpus)
+    host = infos[rank].address.rsplit(":", 1)[0]
+    with contextlib.suppress(OSError):
+        host = socket.gethostbyname(host)
+    comm = create_communicator(
+        cluster["transport"],
+        rank,
+        len(infos),
+        lambda message: list(context.allGather(message)),
+        secret=secret,
+        timeout_s=cluster["timeout_s"],
+        network_mask=cluster["network_mask"],
+        default_host=host,
+        port_range=parse_port_range(cluster["port_range"]),
+    )
+    try:
+        result = run_worker(spec, comm)
+    finally:
+        comm.close()
+    yield result
+
+
+# Driver-side helpers ------------------------------------------------------------------------
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.*)$")
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The Python exception raised in a task, out of a Py4J/Spark exception's text."""
+    found = [m for m in map(_EXCEPTION_LINE.match, str(exc).splitlines()) if m]
+    python = [m for m in found if not m.group(1).startswith(("Py4J", "Spark", "Task"))]
+    for match in python or found:
+        if match.group(1) in ("CommunicationError", "TrainingError", "DataError",
+                              "ConfigurationError", "SparkDLError"):
+            return f"{match.group(1)}: {match.group(2)}"
+    if python or found:
+        match = (python or found)[-1]
+        return f"{match.group(1)}: {match.group(2)}"
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _join(uri: str, relative: str) -> str:
+    return uri.rstrip("/") + "/" + relative
+
+
+__all__ = ["FitResult", "ShardMetadata", "SparkModel"]

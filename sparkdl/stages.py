@@ -1,0 +1,176 @@
+"""The job stages — ETL, train, evaluate, predict — as functions of a :class:`JobConfig`.
+
+``jobs/*.py``, the ``sparkdl`` command, notebooks and Airflow tasks all run these, so a
+stage behaves the same wherever it is started from. Each stage reads what the previous one
+published and publishes its own outputs atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkdl.config import JobConfig
+from sparkdl.errors import DataError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("sparkdl")
+
+MODEL_FILE = "model.keras"
+METRICS_FILE = "metrics.json"
+EVALUATION_FILE = "evaluation.json"
+PREDICTIONS_DIR = "predictions"
+
+
+def as_uri(location: str) -> str:
+    """A filesystem URI for a path or URI (relative paths resolve against the CWD)."""
+    if "://" in location:
+        return location
+    return Path(location).expanduser().resolve().as_uri()
+
+
+def local_path(location: str) -> Path:
+    """The local path of ``location``; outputs other than shards are written locally."""
+    if location.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
+    if "://" in location:
+        raise DataError(f"output.dir must be a local path or file:// URI, got {location}")
+    return Path(location).expanduser().resolve()
+
+
+def shard_uris(config: JobConfig) -> tuple[str, str]:
+    base = as_uri(config.data.dir).rstrip("/")
+    return f"{base}/train", f"{base}/test"
+
+
+def run_etl(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
+    """Run the configured pipeline: raw data → train/test DataSet shards."""
+    from pipelines import get_pipeline
+
+    pipeline = get_pipeline(config.data.pipeline)
+    result = pipeline(
+        spark, as_uri(config.data.dir), overwrite=config.data.overwrite, **config.data.options
+    )
+    log.info("etl: wrote %s", result)
+    return result
+
+
+def run_train(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
+    """Train on the train shards; publish the model and the training metrics."""
+    from sparkdl.data.metadata import read_metadata
+    from sparkdl.models import build_model
+    from sparkdl.spark_model import SparkModel
+    from sparkdl.training.masters import master_from_training_config
+
+    train_uri, _ = shard_uris(config)
+    metadata = read_metadata(train_uri)
+    num_outputs = metadata.num_classes if metadata.label_kind == "class" else int(
+        max(1, _prod(metadata.label_shape))
+    )
+    model = build_model(config.model, metadata.feature_shape, num_outputs)
+    spark_model = SparkModel(
+        spark, model, master_from_training_config(config.training), cluster=config.cluster
+    )
+    fit = spark_model.fit(train_uri, epochs=config.training.epochs)
+    out = local_path(config.output.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _save_model_atomically(spark_model.model, out / MODEL_FILE)
+    metrics = {**fit.metrics, "history": fit.history, "model": str(out / MODEL_FILE),
+               "train_data": train_uri}
+    _write_json_atomically(out / METRICS_FILE, metrics)
+    return metrics
+
+
+def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
+    """Evaluate the published model on the test shards; add the results to the metrics."""
+    import keras
+
+    from sparkdl.spark_model import SparkModel
+    from sparkdl.training.masters import master_from_training_config
+
+    _, test_uri = shard_uris(config)
+    out = local_path(config.output.dir)
+    model_path = out / MODEL_FILE
+    if not model_path.is_file():
+        raise DataError(f"no trained model at {model_path}: run the train stage first")
+    model = keras.models.load_model(model_path)
+    spark_model = SparkModel(
+        spark, model, master_from_training_config(config.training), cluster=config.cluster
+    )
+    evaluation = spark_model.evaluate(test_uri)
+    print(evaluation.stats(), flush=True)
+    _write_json_atomically(out / EVALUATION_FILE, {**evaluation.to_dict(), "test_data": test_uri})
+    metrics_path = out / METRICS_FILE
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    metrics.update(
+        test_accuracy=evaluation.accuracy(),
+        test_macro_f1=evaluation.macro_f1(),
+        test_examples=evaluation.count,
+    )
+    _write_json_atomically(metrics_path, metrics)
+    return metrics
+
+
+def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
+    """Predict on the test shards with the published model; write predictions as Parquet."""
+    import keras
+
+    from sparkdl.spark_model import SparkModel
+    from sparkdl.training.masters import master_from_training_config
+
+    _, test_uri = shard_uris(config)
+    out = local_path(config.output.dir)
+    model = keras.models.load_model(out / MODEL_FILE)
+    spark_model = SparkModel(
+        spark, model, master_from_training_config(config.training), cluster=config.cluster
+    )
+    target = (out / PREDICTIONS_DIR).as_uri()
+    spark_model.predict(test_uri).drop("features").write.mode("overwrite").parquet(target)
+    return {"predictions": target}
+
+
+def run_pipeline(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
+    """ETL, train and evaluate in one go; returns where everything went."""
+    shards = run_etl(config, spark)
+    run_train(config, spark)
+    metrics = run_evaluate(config, spark)
+    out = local_path(config.output.dir)
+    return {
+        "shards": shards,
+        "model": str(out / MODEL_FILE),
+        "metrics": str(out / METRICS_FILE),
+        "test_accuracy": metrics["test_accuracy"],
+        "samples_per_second": metrics["samples_per_second"],
+    }
+
+
+def _save_model_atomically(model: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    model.save(tmp)
+    os.replace(tmp, path)
+
+
+def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def _prod(values: list[int]) -> int:
+    result = 1
+    for v in values:
+        result *= int(v)
+    return result

@@ -1,0 +1,84 @@
+"""The per-step update exchange: the part of the worker loop each training master defines."""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from sparkdl.comm.communicator import Communicator
+from sparkdl.training.variables import FlatVariables
+
+
+@dataclass
+class StepResult:
+    """What one synchronous step produced on this worker."""
+
+    loss: float
+    accuracy: float
+    timings: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class UpdateExchange(abc.ABC):
+    """One training step on a local batch plus the exchange with the other workers.
+
+    Subclasses hold the compiled TensorFlow functions for their algorithm. Every worker calls
+    :meth:`step` the same number of times (collectives are synchronous).
+    """
+
+    def __init__(self, model: tf.keras.Model, comm: Communicator, *, classification: bool) -> None:
+        self.model = model
+        self.comm = comm
+        self.classification = classification
+        self.trainable = FlatVariables(model.trainable_variables)
+        self.non_trainable = FlatVariables(model.non_trainable_variables)
+        model.optimizer.build(model.trainable_variables)
+
+    @abc.abstractmethod
+    def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
+        """Run one step on batch ``(x, y)``; ``step`` counts from 0 over the whole fit."""
+
+    def end_epoch(self, epoch: int) -> None:
+        """Average non-trainable state (e.g. BatchNorm statistics) so replicas agree."""
+        if self.non_trainable.size and self.comm.world_size > 1:
+            self.non_trainable.assign(self.comm.allreduce(self.non_trainable.read(), "mean"))
+
+    def finish(self) -> None:
+        """Called once after the last step; leaves every replica with the same weights."""
+
+    # Shared building blocks -------------------------------------------------------------
+
+    def _loss_and_accuracy(self, x: tf.Tensor, y: tf.Tensor, training: bool = True):
+        y_pred = self.model(x, training=training)
+        loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=training)
+        if self.classification:
+            hits = tf.equal(tf.argmax(y_pred, axis=-1, output_type=tf.int64), tf.cast(y, tf.int64))
+            accuracy = tf.reduce_mean(tf.cast(hits, tf.float32))
+        else:
+            accuracy = tf.constant(float("nan"))
+        return loss, accuracy
+
+    def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor):
+        with tf.GradientTape() as tape:
+            loss, accuracy = self._loss_and_accuracy(x, y)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                 for g, v in zip(grads, self.model.trainable_variables)]
+        return loss, accuracy, tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+
+
+class Stopwatch:
+    """Accumulates named phase durations of one step."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self._last
+        self._last = now

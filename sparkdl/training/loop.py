@@ -1,0 +1,96 @@
+"""The synchronous worker loop shared by the Spark path and ParallelWrapper."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sparkdl.comm.communicator import Communicator
+from sparkdl.errors import TrainingError
+from sparkdl.training.exchange import UpdateExchange
+
+log = logging.getLogger("sparkdl.training")
+
+BatchSource = Callable[[int], Iterable[tuple[np.ndarray, np.ndarray]]]
+
+
+@dataclass
+class LoopResult:
+    """What one worker measured over the whole fit."""
+
+    history: list[dict[str, float]] = field(default_factory=list)
+    steps: int = 0
+    samples: int = 0
+    train_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, float] = field(default_factory=dict)
+
+
+def run_loop(
+    exchange: UpdateExchange,
+    comm: Communicator,
+    batches: BatchSource,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    batch_size: int,
+) -> LoopResult:
+    """Train for ``epochs`` × ``steps_per_epoch`` synchronous steps.
+
+    ``batches(epoch)`` yields this worker's batches for an epoch. Per-epoch loss and accuracy
+    in the history are means over every worker's steps. A non-finite loss stops training with
+    a :class:`TrainingError` naming the epoch and step.
+    """
+    result = LoopResult()
+    sent0, received0 = comm.counters.snapshot()
+    start = time.perf_counter()
+    global_step = 0
+    for epoch in range(epochs):
+        totals = np.zeros(3, dtype=np.float64)  # loss sum, accuracy sum, steps
+        iterator = iter(batches(epoch))
+        for step in range(steps_per_epoch):
+            wait_start = time.perf_counter()
+            try:
+                x, y = next(iterator)
+            except StopIteration:
+                raise TrainingError(
+                    f"worker {comm.rank} ran out of data at epoch {epoch}, step {step} of "
+                    f"{steps_per_epoch}"
+                ) from None
+            result.data_wait_seconds += time.perf_counter() - wait_start
+            outcome = exchange.step(x, y, global_step)
+            if not math.isfinite(outcome.loss):
+                raise TrainingError(
+                    f"non-finite loss {outcome.loss} at epoch {epoch}, step {step} "
+                    f"(global step {global_step}) on worker {comm.rank}"
+                )
+            totals += (outcome.loss, outcome.accuracy, 1.0)
+            for name, seconds in outcome.timings.items():
+                result.timings[name] = result.timings.get(name, 0.0) + seconds
+            for name, value in outcome.extra.items():
+                result.extras[name] = result.extras.get(name, 0.0) + value
+            global_step += 1
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+        exchange.end_epoch(epoch)
+        summed = comm.allreduce(totals, "sum") if comm.world_size > 1 else totals
+        entry = {"epoch": epoch, "loss": summed[0] / summed[2], "accuracy": summed[1] / summed[2]}
+        result.history.append(entry)
+        log.info("epoch %d: loss %.4f accuracy %.4f", epoch, entry["loss"], entry["accuracy"])
+    exchange.finish()
+    result.train_seconds = time.perf_counter() - start
+    result.steps = global_step
+    result.samples = global_step * batch_size * comm.world_size
+    sent1, received1 = comm.counters.snapshot()
+    result.bytes_sent = sent1 - sent0
+    result.bytes_received = received1 - received0
+    return result

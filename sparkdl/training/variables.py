@@ -1,0 +1,57 @@
+"""A list of TensorFlow variables seen as one flat float32 vector."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+
+class FlatVariables:
+    """Reads and writes a fixed list of float variables as one contiguous float32 vector.
+
+    The order is the order of ``variables``; it is the same on every worker because every
+    worker builds the same model.
+    """
+
+    def __init__(self, variables: Iterable[tf.Variable]) -> None:
+        self.variables: list[tf.Variable] = [
+            v for v in variables if tf.as_dtype(v.dtype).is_floating
+        ]
+        self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
+        self.sizes = [int(np.prod(shape, dtype=np.int64)) for shape in self.shapes]
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).tolist()
+        self.size = int(self.offsets[-1])
+
+    def read(self) -> np.ndarray:
+        """A new float32 vector holding every variable's current value."""
+        out = np.empty(self.size, dtype=np.float32)
+        for variable, start, stop in zip(self.variables, self.offsets, self.offsets[1:]):
+            out[start:stop] = np.asarray(variable.numpy(), dtype=np.float32).ravel()
+        return out
+
+    def assign(self, flat: np.ndarray) -> None:
+        """Set every variable from ``flat`` (length :attr:`size`)."""
+        if flat.shape != (self.size,):
+            raise ValueError(f"expected a vector of {self.size} elements, got {flat.shape}")
+        for variable, shape, start, stop in zip(
+            self.variables, self.shapes, self.offsets, self.offsets[1:]
+        ):
+            variable.assign(flat[start:stop].reshape(shape).astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
+
+    def split(self, flat: tf.Tensor) -> list[tf.Tensor]:
+        """Split a flat tensor into tensors shaped like the variables (usable in tf.function)."""
+        return [
+            tf.reshape(flat[start:stop], shape)
+            for shape, start, stop in zip(self.shapes, self.offsets, self.offsets[1:])
+        ]
+
+
+def weights_checksum(variables: Sequence[tf.Variable]) -> str:
+    """SHA-256 over the exact bytes of every variable, in order."""
+    digest = hashlib.sha256()
+    for variable in variables:
+        digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
+    return digest.hexdigest()

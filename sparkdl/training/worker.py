@@ -1,0 +1,120 @@
+"""What one worker does, given a communicator: set TensorFlow up, load the model, train.
+
+Knows TensorFlow but not Spark: the Spark launcher (``sparkdl.spark_model``) and
+``ParallelWrapper`` both call :func:`run_worker` with their own communicator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkdl.comm.communicator import Communicator
+
+log = logging.getLogger("sparkdl.training")
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs, as plain picklable data."""
+
+    model_bytes: bytes
+    master_config: dict[str, Any]
+    data_uri: str
+    metadata_json: str
+    slices: list[Any]
+    steps_per_epoch: int
+    epochs: int
+    job_id: int
+    custom_objects: dict[str, Any] | None = None
+    threads: int = 1
+    shuffle: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def configure_tensorflow(threads: int, gpu_addresses: list[str] | None = None) -> None:
+    """Pin TensorFlow to the cores and GPUs this task was given.
+
+    GPU visibility must be set before TensorFlow initializes its devices: through
+    ``CUDA_VISIBLE_DEVICES`` when TensorFlow is not yet imported in this process, else through
+    ``tf.config.set_visible_devices`` (effective only before the first op). On CPU-only
+    tasks nothing GPU-related changes.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if gpu_addresses and "tensorflow" not in sys.modules:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_addresses)
+    import tensorflow as tf
+
+    if gpu_addresses and os.environ.get("CUDA_VISIBLE_DEVICES") != ",".join(gpu_addresses):
+        gpus = tf.config.list_physical_devices("GPU")
+        wanted = [g for g in gpus if g.name.rsplit(":", 1)[-1] in gpu_addresses]
+        try:
+            tf.config.set_visible_devices(wanted, "GPU")
+        except RuntimeError as exc:  # devices already initialized in a reused worker
+            log.warning("could not restrict TensorFlow to GPUs %s: %s", gpu_addresses, exc)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, threads))
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    except RuntimeError:
+        pass  # already set in this (reused) Python worker
+
+
+def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
+    """Train on this worker's slice; returns its measurements (rank 0 adds the model)."""
+    import keras
+
+    from sparkdl.data.metadata import ShardMetadata
+    from sparkdl.data.reader import ShardReader
+    from sparkdl.training.loop import run_loop
+    from sparkdl.training.masters import master_from_config
+    from sparkdl.training.serialization import model_from_bytes, model_to_bytes
+    from sparkdl.training.variables import weights_checksum
+
+    master = master_from_config(spec.master_config)
+    keras.utils.set_random_seed(master.seed + comm.rank)
+    model = model_from_bytes(spec.model_bytes, spec.custom_objects)
+    metadata = ShardMetadata.from_json(spec.metadata_json)
+    classification = metadata.label_kind == "class"
+    exchange = master.create_exchange(
+        model, comm, job_id=spec.job_id, classification=classification
+    )
+    reader = ShardReader(
+        spec.data_uri,
+        metadata,
+        spec.slices[comm.rank],
+        master.batch_size_per_worker,
+        spec.steps_per_epoch,
+        shuffle=spec.shuffle,
+        seed=master.seed,
+    )
+    try:
+        loop = run_loop(
+            exchange,
+            comm,
+            reader.epoch,
+            epochs=spec.epochs,
+            steps_per_epoch=spec.steps_per_epoch,
+            batch_size=master.batch_size_per_worker,
+        )
+    finally:
+        reader.close()
+    result: dict[str, Any] = {
+        "rank": comm.rank,
+        "checksum": weights_checksum(model.trainable_variables),
+        "history": loop.history,
+        "steps": loop.steps,
+        "samples": loop.samples,
+        "train_seconds": loop.train_seconds,
+        "data_wait_seconds": loop.data_wait_seconds,
+        "bytes_sent": loop.bytes_sent,
+        "bytes_received": loop.bytes_received,
+        "timings": loop.timings,
+        "extras": loop.extras,
+        "num_parameters": exchange.trainable.size,
+    }
+    if comm.rank == 0:
+        result["model_bytes"] = model_to_bytes(model)
+    return result

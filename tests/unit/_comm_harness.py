@@ -1,0 +1,141 @@
+"""Run a function on N real processes that rendezvous through a TcpStoreServer."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
+
+SECRET = b"0123456789abcdef-test-secret"
+_CTX = mp.get_context("fork")
+
+
+@dataclass
+class Outcome:
+    rank: int
+    value: Any = None
+    error_type: str | None = None
+    error: str | None = None
+    finished_at: float | None = None  # time.time() when the function returned or raised
+
+    @property
+    def ok(self) -> bool:
+        return self.error_type is None
+
+
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    address: str,
+    conn: Any,
+    store_timeout: float,
+    args: tuple[Any, ...],
+) -> None:
+    exchange = store_exchange(address, rank, world, secret=SECRET, timeout_s=store_timeout)
+    try:
+        value = fn(rank, world, exchange, *args)
+        conn.send(("ok", value, None, time.time()))
+    except BaseException as exc:  # report everything to the parent
+        conn.send(("err", type(exc).__name__, f"{exc}\n{traceback.format_exc()}", time.time()))
+    finally:
+        conn.close()
+
+
+class RankGroup:
+    """``world_size`` forked processes each running ``fn(rank, world_size, exchange, *args)``."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        world_size: int,
+        *,
+        args: tuple[Any, ...] = (),
+        store_timeout: float = 20.0,
+    ) -> None:
+        self.world_size = world_size
+        self.server = TcpStoreServer(SECRET, start=False)
+        self.procs: list[Any] = []
+        self.pipes: list[Any] = []
+        for rank in range(world_size):
+            recv_end, send_end = _CTX.Pipe(duplex=False)
+            proc = _CTX.Process(
+                target=_child,
+                args=(fn, rank, world_size, self.server.address, send_end, store_timeout, args),
+                daemon=True,
+            )
+            proc.start()
+            send_end.close()
+            self.procs.append(proc)
+            self.pipes.append(recv_end)
+        self.server.start()
+
+    def results(self, timeout: float = 30.0, ranks: list[int] | None = None) -> list[Outcome]:
+        """Wait for ``ranks`` (default all); raise AssertionError past ``timeout`` seconds."""
+        wanted = list(range(self.world_size)) if ranks is None else ranks
+        outcomes: dict[int, Outcome] = {}
+        deadline = time.monotonic() + timeout
+        pending = {self.pipes[r]: r for r in wanted}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise AssertionError(
+                    f"ranks {sorted(pending.values())} did not finish within {timeout} s"
+                )
+            for conn in wait(list(pending), timeout=remaining):
+                rank = pending.pop(conn)
+                try:
+                    kind, a, b, at = conn.recv()
+                except EOFError:
+                    outcomes[rank] = Outcome(rank, error_type="EOFError", error="process died")
+                    continue
+                if kind == "ok":
+                    outcomes[rank] = Outcome(rank, value=a, finished_at=at)
+                else:
+                    outcomes[rank] = Outcome(rank, error_type=a, error=b, finished_at=at)
+        return [outcomes[r] for r in wanted]
+
+    def signal(self, rank: int, sig: int) -> None:
+        os.kill(self.procs[rank].pid, sig)
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.kill()
+                except OSError:
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=5)
+        self.server.close()
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...] = (), timeout: float = 30.0
+) -> list[Outcome]:
+    """Run ``fn`` on every rank and return the outcomes in rank order."""
+    with RankGroup(fn, world_size, args=args) as group:
+        return group.results(timeout)
+
+
+def values(outcomes: list[Outcome]) -> list[Any]:
+    """Values of successful outcomes; fails with every rank's error otherwise."""
+    errors = [f"rank {o.rank}: {o.error_type}: {o.error}" for o in outcomes if not o.ok]
+    assert not errors, "\n".join(errors)
+    return [o.value for o in outcomes]

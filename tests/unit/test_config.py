@@ -1,0 +1,73 @@
+"""Configuration loading, validation and overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkdl.config import JobConfig, load_config, parse_override
+from sparkdl.errors import ConfigurationError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_shipped_conf_loads():
+    confs = sorted((REPO / "conf").glob("*.yaml"))
+    assert confs, "conf/ has no YAML files"
+    for conf in confs:
+        assert isinstance(load_config(conf), JobConfig)
+
+
+def test_overrides_apply_with_yaml_types():
+    config = load_config(
+        REPO / "conf" / "digits.yaml",
+        ["output.dir=runs/run1", "training.mode=averaging", "training.epochs=3",
+         "model.params.hidden=[32, 16]", "cluster.spark_conf.spark.executor.cores=1"],
+    )
+    assert config.output.dir == "runs/run1"
+    assert config.training.mode == "averaging"
+    assert config.training.epochs == 3
+    assert config.model.params["hidden"] == [32, 16]
+    assert config.cluster.spark_conf["spark.executor.cores"] == "1"
+
+
+def test_unknown_key_is_named(tmp_path):
+    conf = tmp_path / "bad.yaml"
+    conf.write_text("training:\n  epochz: 3\n")
+    with pytest.raises(ConfigurationError, match=r"bad.yaml: unknown key 'training.epochz'"):
+        load_config(conf)
+
+
+def test_wrong_type_is_named(tmp_path):
+    conf = tmp_path / "bad.yaml"
+    conf.write_text("training:\n  epochs: ten\n")
+    with pytest.raises(ConfigurationError, match=r"training\.epochs: .*integer.*'ten'"):
+        load_config(conf)
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("training.mode=sideways", r"training\.mode"),
+        ("training.num_workers=0", r"training\.num_workers"),
+        ("cluster.transport=udp", r"cluster\.transport"),
+        ("cluster.timeout_s=-1", r"cluster\.timeout_s"),
+        ("nonsense=1", r"unknown key 'nonsense'"),
+    ],
+)
+def test_bad_override_values(override, pattern):
+    with pytest.raises(ConfigurationError, match=pattern):
+        load_config(REPO / "conf" / "digits.yaml", [override])
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigurationError, match="key=value"):
+        parse_override("training.epochs")
+    with pytest.raises(ConfigurationError, match="holds a value"):
+        load_config(data={"training": {"epochs": 3}}, overrides=["training.epochs.x=1"])
+
+
+def test_missing_file():
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        load_config("no/such/conf.yaml")
