@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     from sparkdl.config import load_config
     from sparkdl.session import get_spark
 
+    spark = None
     try:
         config = load_config(args.conf, args.overrides)
         spark = get_spark(config.cluster)
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     except SparkDLError as exc:
         print(f"sparkdl {stage}: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        if spark is not None:
+            spark.stop()  # a job owns its session; stopping it lets executors exit cleanly
     print(json.dumps(result, indent=2, default=str), flush=True)
     return 0
 

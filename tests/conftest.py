@@ -28,3 +28,32 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def digits_shards(spark, tmp_path_factory) -> dict:
+    """Digits train/test shards written once per test session by the real ETL pipeline."""
+    from pipelines import digits
+
+    out = tmp_path_factory.mktemp("digits")
+    return digits.run(spark, out.as_uri() + "/data")
+
+
+@pytest.fixture
+def make_mlp():
+    """Builds the default conf's MLP, compiled, with seeded initial weights."""
+    return _make_mlp
+
+
+def _make_mlp(input_shape, num_classes: int, learning_rate: float = 0.002, seed: int = 7):
+    """The default conf's MLP, compiled, with seeded initial weights."""
+    import keras
+
+    from sparkdl.models import mlp
+
+    keras.utils.set_random_seed(seed)
+    model = mlp(input_shape, num_classes, hidden=(128, 64))
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy"
+    )
+    return model

@@ -10,7 +10,11 @@ import keras
 
 
 def model_to_bytes(model: keras.Model) -> bytes:
-    """The model (architecture, weights, compiled optimizer and loss) as ``.keras`` bytes."""
+    """The model (architecture, weights, compiled optimizer and its state, loss) as
+    ``.keras`` bytes. The optimizer is built first, so its state travels and loads whole."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
     with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
         path = os.path.join(tmp, "model.keras")
         model.save(path)
