@@ -268,6 +268,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes):
         result = run_worker(spec, comm)
     finally:
         comm.close()
+    result["executor_address"] = infos[rank].address
     yield result
 
 

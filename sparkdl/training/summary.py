@@ -64,6 +64,7 @@ def summarize_fit(
         "data_wait_fraction": sum(r["data_wait_seconds"] for r in results)
         / max(sum(r["train_seconds"] for r in results), 1e-9),
         "replicas_identical": len(checksums) == 1,
+        "executor_addresses": [r.get("executor_address", "local") for r in results],
         "final_loss": history["loss"][-1],
         "final_train_accuracy": history["accuracy"][-1],
         "step_timings_s": timings,

@@ -1,0 +1,110 @@
+"""The jobs as a user runs them: python jobs/*.py and spark-submit, in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = str(REPO / "conf" / "digits.yaml")
+
+pytestmark = pytest.mark.spark
+
+
+def run(args: list[str], tmp_path: Path, timeout: float = 400) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_WORKER_DIR": str(tmp_path / "spark-work"),
+    }
+    return subprocess.run(
+        args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def spark_submit() -> str:
+    return str(Path(sys.executable).parent / "spark-submit")
+
+
+def test_pipeline_job_default_conf(tmp_path):
+    out, data = tmp_path / "out", tmp_path / "data"
+    proc = run([sys.executable, "jobs/pipeline.py", "--conf", CONF,
+                "--set", f"data.dir={data}", "--set", f"output.dir={out}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert str(out / "model.keras") in proc.stdout and str(out / "metrics.json") in proc.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("test_accuracy", "epochs", "steps", "samples_per_second", "bytes_per_step",
+                "dense_bytes_per_step"):
+        assert key in metrics, key
+    assert metrics["mode"] == "sharing"
+    assert metrics["test_accuracy"] >= 0.95
+    assert metrics["dense_bytes_per_step"] / metrics["bytes_per_step"] >= 50
+    assert (data / "train" / "_sparkdl.json").is_file()
+
+
+def test_stage_jobs_one_at_a_time_with_spark_submit(tmp_path):
+    out, data = tmp_path / "out", tmp_path / "data"
+    common = ["--conf", CONF, "--set", f"data.dir={data}", "--set", f"output.dir={out}",
+              "--set", "training.mode=averaging"]
+    for stage in ("etl", "train", "evaluate", "predict"):
+        proc = run([spark_submit(), "--master", "local[2]", f"jobs/{stage}.py", *common],
+                   tmp_path)
+        assert proc.returncode == 0, f"{stage}: {proc.stderr[-3000:]}"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["mode"] == "averaging"
+    assert metrics["test_accuracy"] >= 0.95
+    assert list((out / "predictions").glob("*.parquet"))
+
+
+def test_fit_on_two_executor_jvms(tmp_path, digits_shards):
+    out = tmp_path / "out"
+    data_dir = digits_shards["train"].rsplit("/", 1)[0]
+    proc = run([sys.executable, "jobs/train.py", "--conf", CONF,
+                "--set", f"data.dir={data_dir}", "--set", f"output.dir={out}",
+                "--set", "cluster.master=local-cluster[2,1,1024]",
+                "--set", "training.epochs=3"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["replicas_identical"] is True
+    assert metrics["steps"] == 3 * metrics["steps_per_epoch"]
+    assert len(set(metrics["executor_addresses"])) == 2, metrics["executor_addresses"]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("training:\n  epochz: 3\n", "unknown key 'training.epochz'"),
+        ("training:\n  epochs: ten\n", "training.epochs"),
+    ],
+)
+def test_bad_conf_fails_fast_and_writes_nothing(tmp_path, yaml_text, message):
+    conf = tmp_path / "bad.yaml"
+    conf.write_text(yaml_text + f"output:\n  dir: {tmp_path / 'out'}\n")
+    proc = run([sys.executable, "jobs/pipeline.py", "--conf", str(conf)], tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_notebook_runs(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    notebook = nbformat.read(REPO / "notebooks" / "digits.ipynb", as_version=4)
+    os.environ["SPARKDL_NOTEBOOK_DIR"] = str(tmp_path)
+    try:
+        nbclient.NotebookClient(
+            notebook, timeout=300, kernel_name="python3",
+            resources={"metadata": {"path": str(REPO)}},
+        ).execute()
+    finally:
+        os.environ.pop("SPARKDL_NOTEBOOK_DIR", None)
+    outputs = "".join(
+        o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs
+    )
+    assert "Accuracy:" in outputs
