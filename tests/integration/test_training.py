@@ -27,7 +27,9 @@ def model_for(make_mlp):
     return build
 
 
-def test_sharing_reaches_accuracy_with_compression_and_identical_replicas(spark, digits_shards, model_for):
+def test_sharing_reaches_accuracy_with_compression_and_identical_replicas(
+    spark, digits_shards, model_for
+):
     tm = SharedTrainingMaster(
         batch_size_per_worker=32, num_workers=2, threshold=AdaptiveThreshold(initial=1e-3)
     )
@@ -94,7 +96,7 @@ def test_directory_without_metadata_is_one_clear_error(spark, tmp_path, make_mlp
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "part-0.parquet").write_bytes(b"not really")
     spark_model = SparkModel(spark, make_mlp([8, 8, 1], 10), SharedTrainingMaster())
-    with pytest.raises(DataError, match="_sparkdl.json"):
+    with pytest.raises(DataError, match=r"_sparkdl\.json"):
         spark_model.fit((tmp_path / "raw").as_uri(), epochs=1)
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["part-0.parquet"]
 
