@@ -54,6 +54,7 @@ def run_loop(
     start = time.perf_counter()
     global_step = 0
     for epoch in range(epochs):
+        epoch_start = time.perf_counter()
         totals = np.zeros(3, dtype=np.float64)  # loss sum, accuracy sum, steps
         iterator = iter(batches(epoch))
         for step in range(steps_per_epoch):
@@ -83,7 +84,12 @@ def run_loop(
             close()
         exchange.end_epoch(epoch)
         summed = comm.allreduce(totals, "sum") if comm.world_size > 1 else totals
-        entry = {"epoch": epoch, "loss": summed[0] / summed[2], "accuracy": summed[1] / summed[2]}
+        entry = {
+            "epoch": epoch,
+            "loss": summed[0] / summed[2],
+            "accuracy": summed[1] / summed[2],
+            "seconds": time.perf_counter() - epoch_start,
+        }
         result.history.append(entry)
         log.info("epoch %d: loss %.4f accuracy %.4f", epoch, entry["loss"], entry["accuracy"])
     exchange.finish()

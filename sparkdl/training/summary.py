@@ -47,6 +47,10 @@ def summarize_fit(
         name: sum(r["extras"].get(name, 0.0) for r in results) / world / max(steps, 1)
         for name in results[0]["extras"]
     }
+    # Steady state: epochs after the first (which includes tracing the step functions).
+    later = [max(r["history"][e]["seconds"] for r in results) for e in range(1, epochs)]
+    steady = (len(later) * steps_per_epoch * tm.batch_size_per_worker * world / sum(later)
+              if later and sum(later) > 0 else None)
     metrics = {
         "mode": tm.mode,
         "num_workers": world,
@@ -58,6 +62,7 @@ def summarize_fit(
         "train_seconds": train_seconds,
         "stage_seconds": wall_seconds,
         "samples_per_second": results[0]["samples"] / train_seconds if train_seconds else 0.0,
+        "steady_samples_per_second": steady,
         "num_parameters": num_parameters,
         "bytes_per_step": sum(r["bytes_sent"] for r in results) / world / max(steps, 1),
         "dense_bytes_per_step": 4.0 * num_parameters * 2 * (world - 1) / world,

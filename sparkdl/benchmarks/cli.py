@@ -1,0 +1,54 @@
+"""Command line of the benchmark suites (``jobs/benchmark.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from importlib import import_module
+from pathlib import Path
+
+SUITES = {
+    "encoding": "sparkdl.benchmarks.encoding",
+    "collectives": "sparkdl.benchmarks.collectives",
+    "training": "sparkdl.benchmarks.training",
+    "reader": "sparkdl.benchmarks.reader",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jobs/benchmark.py", description=__doc__)
+    parser.add_argument("suite", choices=sorted(SUITES))
+    parser.add_argument("--json", dest="json_path", help="write the figures to this JSON file")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
+    args = parser.parse_args(argv)
+    try:
+        module = import_module(SUITES[args.suite])
+    except ModuleNotFoundError as exc:
+        print(f"benchmark suite {args.suite!r} is not available: {exc}", file=sys.stderr)
+        return 2
+    started = time.time()
+    figures = module.run({"quick": args.quick})
+    figures = {
+        "suite": args.suite,
+        "quick": args.quick,
+        "host": platform.node(),
+        "cpus": _cpu_count(),
+        "seconds": round(time.time() - started, 1),
+        **figures,
+    }
+    if args.json_path:
+        path = Path(args.json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=2, sort_keys=True, default=str) + "\n")
+        print(f"figures written to {path}")
+    return 0
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
