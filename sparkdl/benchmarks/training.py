@@ -145,6 +145,7 @@ def _single_process(x: np.ndarray, y: np.ndarray, epochs: int) -> float:
 
 
 def _distributed(spark: Any, uri: str, mode: str, epochs: int) -> dict[str, Any]:
+    from sparkdl.compression import AdaptiveThreshold
     from sparkdl.spark_model import SparkModel
     from sparkdl.training.masters import (
         DenseTrainingMaster,
@@ -154,7 +155,9 @@ def _distributed(spark: Any, uri: str, mode: str, epochs: int) -> dict[str, Any]
 
     common = {"batch_size_per_worker": 64, "num_workers": 2}
     master = {
-        "sharing": lambda: SharedTrainingMaster(**common),
+        "sharing": lambda: SharedTrainingMaster(
+            **common, threshold=AdaptiveThreshold(initial=1e-3)
+        ),
         "dense": lambda: DenseTrainingMaster(**common),
         "averaging": lambda: ParameterAveragingTrainingMaster(**common, averaging_frequency=5),
     }[mode]()

@@ -12,7 +12,7 @@ import numpy as np
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import TrainingError
-from sparkdl.training.exchange import UpdateExchange
+from sparkdl.training.exchange import StepResult, UpdateExchange
 
 log = logging.getLogger("sparkdl.training")
 
@@ -30,6 +30,8 @@ class LoopResult:
     data_wait_seconds: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
+    timed_steps: int = 0
+    steady_bytes_sent: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     extras: dict[str, float] = field(default_factory=dict)
 
@@ -56,6 +58,10 @@ def run_loop(
     for epoch in range(epochs):
         epoch_start = time.perf_counter()
         totals = np.zeros(3, dtype=np.float64)  # loss sum, accuracy sum, steps
+        # The first epoch traces the step functions; per-step timings skip it when they can.
+        steady = epoch > 0 or epochs == 1
+        if epoch == 1:
+            result.steady_bytes_sent = comm.counters.snapshot()[0]
         iterator = iter(batches(epoch))
         for step in range(steps_per_epoch):
             wait_start = time.perf_counter()
@@ -74,10 +80,8 @@ def run_loop(
                     f"(global step {global_step}) on worker {comm.rank}"
                 )
             totals += (outcome.loss, outcome.accuracy, 1.0)
-            for name, seconds in outcome.timings.items():
-                result.timings[name] = result.timings.get(name, 0.0) + seconds
-            for name, value in outcome.extra.items():
-                result.extras[name] = result.extras.get(name, 0.0) + value
+            if steady:
+                _accumulate(result, outcome)
             global_step += 1
         close = getattr(iterator, "close", None)
         if close is not None:
@@ -98,5 +102,14 @@ def run_loop(
     result.samples = global_step * batch_size * comm.world_size
     sent1, received1 = comm.counters.snapshot()
     result.bytes_sent = sent1 - sent0
+    result.steady_bytes_sent = sent1 - (result.steady_bytes_sent or sent0)
     result.bytes_received = received1 - received0
     return result
+
+
+def _accumulate(result: LoopResult, outcome: StepResult) -> None:
+    result.timed_steps += 1
+    for name, seconds in outcome.timings.items():
+        result.timings[name] = result.timings.get(name, 0.0) + seconds
+    for name, value in outcome.extra.items():
+        result.extras[name] = result.extras.get(name, 0.0) + value

@@ -39,12 +39,13 @@ def summarize_fit(
     num_parameters = results[0]["num_parameters"]
     world = len(results)
     checksums = {r["checksum"] for r in results}
+    timed = max(results[0].get("timed_steps", steps), 1)
     timings = {
-        name: sum(r["timings"].get(name, 0.0) for r in results) / world / max(steps, 1)
+        name: sum(r["timings"].get(name, 0.0) for r in results) / world / timed
         for name in results[0]["timings"]
     }
     extras = {
-        name: sum(r["extras"].get(name, 0.0) for r in results) / world / max(steps, 1)
+        name: sum(r["extras"].get(name, 0.0) for r in results) / world / timed
         for name in results[0]["extras"]
     }
     # Steady state: epochs after the first (which includes tracing the step functions).
@@ -75,6 +76,14 @@ def summarize_fit(
         "step_timings_s": timings,
         "step_stats": extras,
     }
+    # After the first epoch: adaptive thresholds have settled (and tracing is over).
+    metrics["steady_bytes_per_step"] = (
+        sum(r.get("steady_bytes_sent", r["bytes_sent"]) for r in results) / world / timed
+    )
     if metrics["bytes_per_step"]:
         metrics["compression_ratio"] = metrics["dense_bytes_per_step"] / metrics["bytes_per_step"]
+    if metrics["steady_bytes_per_step"]:
+        metrics["steady_compression_ratio"] = (
+            metrics["dense_bytes_per_step"] / metrics["steady_bytes_per_step"]
+        )
     return FitResult(history=history, metrics=metrics, workers=results)

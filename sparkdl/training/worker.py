@@ -111,6 +111,8 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
         "data_wait_seconds": loop.data_wait_seconds,
         "bytes_sent": loop.bytes_sent,
         "bytes_received": loop.bytes_received,
+        "timed_steps": loop.timed_steps,
+        "steady_bytes_sent": loop.steady_bytes_sent,
         "timings": loop.timings,
         "extras": loop.extras,
         "num_parameters": exchange.trainable.size,
