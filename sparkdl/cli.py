@@ -29,6 +29,11 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a configuration key, e.g. --set training.mode=averaging (repeatable)",
     )
+    if stage in (None, "train", "pipeline"):
+        parser.add_argument(
+            "--resume", action="store_true",
+            help="continue from the latest checkpoint in training.checkpoint_dir",
+        )
     parser.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     return parser
 
@@ -47,7 +52,9 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     try:
         config = load_config(args.conf, args.overrides)
         spark = get_spark(config.cluster)
-        result = getattr(stages, f"run_{stage}")(config, spark)
+        run = getattr(stages, f"run_{stage}")
+        resume = stage in ("train", "pipeline") and getattr(args, "resume", False)
+        result = run(config, spark, resume=True) if resume else run(config, spark)
     except SparkDLError as exc:
         print(f"sparkdl {stage}: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -99,8 +99,12 @@ class TrainingConfig(_Section):
     threshold: ThresholdConfig = Field(default_factory=ThresholdConfig)
     shake_up: ShakeUpConfig = Field(default_factory=ShakeUpConfig)
     residual_clipping: ClippingConfig = Field(default_factory=ClippingConfig)
+    encoder: Literal["auto", "host", "device"] = "auto"
     averaging_frequency: int = Field(default=5, ge=1)
     save_updater: bool = True
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = Field(default=1, ge=1)
+    checkpoint_unit: Literal["epochs", "steps"] = "epochs"
 
 
 class OutputConfig(_Section):

@@ -58,8 +58,23 @@ class SparkModel:
 
     # Training --------------------------------------------------------------------------
 
-    def fit(self, data_uri: str, epochs: int = 1, *, shuffle: bool = True) -> FitResult:
-        """Train on the shard directory ``data_uri`` for ``epochs`` epochs."""
+    def fit(
+        self,
+        data_uri: str,
+        epochs: int = 1,
+        *,
+        shuffle: bool = True,
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
+        checkpoint_unit: str = "epochs",
+        resume: bool = False,
+    ) -> FitResult:
+        """Train on the shard directory ``data_uri`` for ``epochs`` epochs.
+
+        With ``checkpoint_dir``, rank 0 checkpoints every ``checkpoint_every`` epochs (or
+        steps) and a retried stage continues from the latest checkpoint instead of starting
+        over; ``resume=True`` continues an earlier fit that was killed as a whole.
+        """
         from sparkdl.data.reader import plan_slices
         from sparkdl.training.serialization import model_from_bytes, model_to_bytes
         from sparkdl.training.worker import WorkerSpec
@@ -67,8 +82,17 @@ class SparkModel:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ConfigurationError(f"epochs must be a positive integer, got {epochs!r}")
         tm = self.training_master
+        if resume and not checkpoint_dir:
+            raise ConfigurationError("resume=True needs a checkpoint_dir to resume from")
         metadata = read_metadata(data_uri)
         self._check_slots(tm.num_workers)
+        checkpoint = None
+        if checkpoint_dir:
+            from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore
+
+            policy = CheckpointPolicy(checkpoint_dir, checkpoint_every, checkpoint_unit)
+            run_id = CheckpointStore(checkpoint_dir).start_run(resume)
+            checkpoint = {**vars(policy), "run_id": run_id}
         slices, steps_per_epoch = plan_slices(metadata, tm.num_workers, tm.batch_size_per_worker)
         spec = WorkerSpec(
             model_bytes=model_to_bytes(self.model),
@@ -82,6 +106,7 @@ class SparkModel:
             custom_objects=self.custom_objects,
             threads=self._task_cpus(),
             shuffle=shuffle,
+            checkpoint=checkpoint,
         )
         log.info(
             "fit: %s, %d workers x batch %d, %d steps/epoch, %d epochs, transport %s",
@@ -94,6 +119,8 @@ class SparkModel:
         results.sort(key=lambda r: r["rank"])
         self.model = model_from_bytes(results[0].pop("model_bytes"), self.custom_objects)
         self.last_fit = summarize_fit(results, tm, epochs, steps_per_epoch, wall)
+        if self.last_fit.metrics.get("resumed_from"):
+            log.warning("fit resumed from checkpoint %s", self.last_fit.metrics["resumed_from"])
         return self.last_fit
 
     def _run_barrier_stage(self, spec: Any) -> list[dict[str, Any]]:
@@ -102,17 +129,34 @@ class SparkModel:
         secret = secrets.token_bytes(32)
         spec_broadcast = sc.broadcast(spec)
         num_workers = self.training_master.num_workers
+        attempts = AttemptLog.create(spec.checkpoint["uri"] if spec.checkpoint else None)
         sc.setJobDescription(f"sparkdl fit ({self.training_master.mode}, {num_workers} workers)")
         try:
+            # Spark retries a failed barrier stage only when it is a shuffle map stage (a
+            # failed barrier *result* stage aborts the job), so results go through a
+            # one-partition shuffle: a lost worker then retries the stage, which resumes
+            # from the latest checkpoint.
             rdd = sc.parallelize(range(num_workers), num_workers).barrier()
-            return rdd.mapPartitions(
-                lambda _: _train_task(spec_broadcast, cluster, secret)
-            ).collect()
+            return (
+                rdd.mapPartitions(
+                    lambda _: _train_task(spec_broadcast, cluster, secret, attempts.uri)
+                )
+                .map(lambda result: (result["rank"], result))
+                .partitionBy(1)
+                .values()
+                .collect()
+            )
         except Exception as exc:
-            raise TrainingError(f"the training stage failed: {_root_cause(exc)}") from exc
+            failures = attempts.read()
+            detail = "; ".join(failures) if failures else _root_cause(exc)
+            raise TrainingError(
+                f"the training stage failed ({len(failures) or 1} failed task attempt(s)): "
+                f"{detail}"
+            ) from exc
         finally:
             sc.setJobDescription(None)
             spec_broadcast.unpersist()
+            attempts.close()
 
     def _task_cpus(self) -> int:
         return int(self.spark.sparkContext.getConf().get("spark.task.cpus", "1"))
@@ -235,7 +279,7 @@ def _load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> A
     return _TASK_MODELS[key]
 
 
-def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes):
+def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, attempts_uri: str):
     """One barrier task: join the ring, train, yield this worker's results."""
     from pyspark import BarrierTaskContext
 
@@ -266,6 +310,11 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes):
     )
     try:
         result = run_worker(spec, comm)
+    except BaseException as exc:
+        AttemptLog(attempts_uri).record(
+            context.stageAttemptNumber(), rank, infos[rank].address, exc
+        )
+        raise
     finally:
         comm.close()
     result["executor_address"] = infos[rank].address
@@ -273,6 +322,67 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes):
 
 
 # Driver-side helpers ------------------------------------------------------------------------
+
+
+class AttemptLog:
+    """Why each task attempt of a training stage failed, so that the driver's final error
+    can say what failed each time (Spark itself reports only the last failure).
+
+    Kept under the checkpoint directory when there is one (shared storage, reachable from
+    every executor); else in a driver-local temporary directory, which executors on the
+    driver's machine (local and local-cluster masters) reach.
+    """
+
+    def __init__(self, uri: str, owned_dir: str | None = None) -> None:
+        self.uri = uri
+        self._owned_dir = owned_dir
+
+    @classmethod
+    def create(cls, checkpoint_uri: str | None) -> AttemptLog:
+        import tempfile
+        import uuid
+
+        if checkpoint_uri:
+            return cls(f"{checkpoint_uri.rstrip('/')}/_attempts/{uuid.uuid4().hex[:12]}")
+        tmp = tempfile.mkdtemp(prefix="sparkdl-attempts-")
+        return cls(f"file://{tmp}", owned_dir=tmp)
+
+    def record(self, attempt: int, rank: int, executor: str, exc: BaseException) -> None:
+        from sparkdl.data.metadata import resolve
+
+        message = f"attempt {attempt}, rank {rank} on {executor}: {type(exc).__name__}: {exc}"
+        with contextlib.suppress(Exception):
+            fs, root = resolve(self.uri)
+            fs.create_dir(root, recursive=True)
+            with fs.open_output_stream(f"{root}/attempt-{attempt:03d}-rank-{rank:04d}") as f:
+                f.write(message.encode()[:4000])
+
+    def read(self) -> list[str]:
+        import pyarrow.fs as pafs
+
+        from sparkdl.data.metadata import resolve
+
+        with contextlib.suppress(Exception):
+            fs, root = resolve(self.uri)
+            infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+            lines = []
+            for info in sorted(infos, key=lambda i: i.base_name):
+                with fs.open_input_stream(info.path) as f:
+                    lines.append(f.read().decode(errors="replace"))
+            return lines
+        return []
+
+    def close(self) -> None:
+        import shutil
+
+        from sparkdl.data.metadata import resolve
+
+        if self._owned_dir:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+        else:
+            with contextlib.suppress(Exception):
+                fs, root = resolve(self.uri)
+                fs.delete_dir(root)
 
 
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.*)$")

@@ -62,8 +62,11 @@ def run_etl(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     return result
 
 
-def run_train(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
-    """Train on the train shards; publish the model and the training metrics."""
+def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -> dict[str, Any]:
+    """Train on the train shards; publish the model and the training metrics.
+
+    ``resume=True`` continues from the latest checkpoint in ``training.checkpoint_dir``.
+    """
     from sparkdl.data.metadata import read_metadata
     from sparkdl.models import build_model
     from sparkdl.spark_model import SparkModel
@@ -78,7 +81,15 @@ def run_train(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     spark_model = SparkModel(
         spark, model, master_from_training_config(config.training), cluster=config.cluster
     )
-    fit = spark_model.fit(train_uri, epochs=config.training.epochs)
+    training = config.training
+    fit = spark_model.fit(
+        train_uri,
+        epochs=training.epochs,
+        checkpoint_dir=as_uri(training.checkpoint_dir) if training.checkpoint_dir else None,
+        checkpoint_every=training.checkpoint_every,
+        checkpoint_unit=training.checkpoint_unit,
+        resume=resume,
+    )
     out = local_path(config.output.dir)
     out.mkdir(parents=True, exist_ok=True)
     _save_model_atomically(spark_model.model, out / MODEL_FILE)
@@ -136,10 +147,12 @@ def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     return {"predictions": target}
 
 
-def run_pipeline(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
+def run_pipeline(
+    config: JobConfig, spark: SparkSession, *, resume: bool = False
+) -> dict[str, Any]:
     """ETL, train and evaluate in one go; returns where everything went."""
     shards = run_etl(config, spark)
-    run_train(config, spark)
+    run_train(config, spark, resume=resume)
     metrics = run_evaluate(config, spark)
     out = local_path(config.output.dir)
     return {

@@ -48,7 +48,8 @@ class UpdateExchange(abc.ABC):
             self.non_trainable.assign(self.comm.allreduce(self.non_trainable.read(), "mean"))
 
     def finish(self) -> None:
-        """Called once after the last step; leaves every replica with the same weights."""
+        """Leave every replica with the same weights now: called after the last step and
+        before every checkpoint (so it must be safe to call mid-training)."""
 
     # Shared building blocks -------------------------------------------------------------
 

@@ -17,6 +17,8 @@ from sparkdl.training.exchange import StepResult, UpdateExchange
 log = logging.getLogger("sparkdl.training")
 
 BatchSource = Callable[[int], Iterable[tuple[np.ndarray, np.ndarray]]]
+# on_checkpoint(global_step, next_epoch, next_step_in_epoch, history) at checkpoint points
+CheckpointHook = Callable[[int, int, int, list[dict[str, float]]], None]
 
 
 @dataclass
@@ -44,26 +46,39 @@ def run_loop(
     epochs: int,
     steps_per_epoch: int,
     batch_size: int,
+    start_epoch: int = 0,
+    start_step: int = 0,
+    history: list[dict[str, float]] | None = None,
+    checkpoint_due: Callable[[int, bool, int], bool] | None = None,
+    on_checkpoint: CheckpointHook | None = None,
 ) -> LoopResult:
     """Train for ``epochs`` × ``steps_per_epoch`` synchronous steps.
 
     ``batches(epoch)`` yields this worker's batches for an epoch. Per-epoch loss and accuracy
     in the history are means over every worker's steps. A non-finite loss stops training with
     a :class:`TrainingError` naming the epoch and step.
+
+    Training resumes at ``(start_epoch, start_step)`` when given (the batches before it are
+    skipped: their order is deterministic). ``on_checkpoint`` runs on every worker whenever
+    ``checkpoint_due(global_step, epoch_end, epoch)`` says so.
     """
-    result = LoopResult()
+    result = LoopResult(history=list(history or []))
     sent0, received0 = comm.counters.snapshot()
     start = time.perf_counter()
-    global_step = 0
-    for epoch in range(epochs):
+    global_step = start_epoch * steps_per_epoch + start_step
+    first_epoch = start_epoch
+    for epoch in range(start_epoch, epochs):
         epoch_start = time.perf_counter()
         totals = np.zeros(3, dtype=np.float64)  # loss sum, accuracy sum, steps
         # The first epoch traces the step functions; per-step timings skip it when they can.
-        steady = epoch > 0 or epochs == 1
-        if epoch == 1:
+        steady = epoch > first_epoch or epochs - first_epoch == 1
+        if epoch == first_epoch + 1:
             result.steady_bytes_sent = comm.counters.snapshot()[0]
         iterator = iter(batches(epoch))
-        for step in range(steps_per_epoch):
+        skip = start_step if epoch == start_epoch else 0
+        for _ in range(skip):
+            next(iterator)
+        for step in range(skip, steps_per_epoch):
             wait_start = time.perf_counter()
             try:
                 x, y = next(iterator)
@@ -83,6 +98,12 @@ def run_loop(
             if steady:
                 _accumulate(result, outcome)
             global_step += 1
+            last = step == steps_per_epoch - 1
+            if on_checkpoint and not last and checkpoint_due and checkpoint_due(
+                global_step, False, epoch
+            ):
+                exchange.finish()
+                on_checkpoint(global_step, epoch, step + 1, result.history)
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
@@ -96,10 +117,14 @@ def run_loop(
         }
         result.history.append(entry)
         log.info("epoch %d: loss %.4f accuracy %.4f", epoch, entry["loss"], entry["accuracy"])
+        if on_checkpoint and checkpoint_due and checkpoint_due(global_step, True, epoch):
+            exchange.finish()
+            on_checkpoint(global_step, epoch + 1, 0, result.history)
     exchange.finish()
     result.train_seconds = time.perf_counter() - start
     result.steps = global_step
-    result.samples = global_step * batch_size * comm.world_size
+    trained = global_step - (start_epoch * steps_per_epoch + start_step)
+    result.samples = trained * batch_size * comm.world_size
     sent1, received1 = comm.counters.snapshot()
     result.bytes_sent = sent1 - sent0
     result.steady_bytes_sent = sent1 - (result.steady_bytes_sent or sent0)

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from sparkdl.training.exchange import UpdateExchange
 
 
+#: Where :class:`SharedTrainingMaster` encodes updates: ``"host"`` (numpy), ``"device"``
+#: (TensorFlow, on the model's device) or ``"auto"`` (device when the model is on a GPU).
+ENCODERS = ("auto", "host", "device")
+
+
 class TrainingMaster(abc.ABC):
     """Common settings: workers, per-worker batch size, seed."""
 
@@ -79,9 +84,13 @@ class SharedTrainingMaster(TrainingMaster):
         threshold: ThresholdAlgorithm | None = None,
         shake_up: ShakeUp | None = None,
         residual_clipping: ResidualClipping | None = None,
+        encoder: str = "auto",
         seed: int = 42,
     ) -> None:
         super().__init__(batch_size_per_worker, num_workers, seed=seed)
+        if encoder not in ENCODERS:
+            raise ConfigurationError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+        self.encoder = encoder
         self.threshold = threshold if threshold is not None else AdaptiveThreshold()
         self.shake_up = shake_up if shake_up is not None else ShakeUp()
         self.residual_clipping = (
@@ -97,6 +106,7 @@ class SharedTrainingMaster(TrainingMaster):
                 "factor": self.residual_clipping.factor,
                 "frequency": self.residual_clipping.frequency,
             },
+            "encoder": self.encoder,
         }
 
     @classmethod
@@ -115,17 +125,31 @@ class SharedTrainingMaster(TrainingMaster):
         import copy
 
         from sparkdl.compression.compressor import ThresholdCompressor
+        from sparkdl.training.device_encoding import (
+            DeviceThresholdCompressor,
+            variable_device,
+            variables_on_gpu,
+        )
         from sparkdl.training.sharing import GradientSharingExchange
         from sparkdl.training.variables import FlatVariables
 
-        compressor = ThresholdCompressor(
-            FlatVariables(model.trainable_variables).size,
-            copy.deepcopy(self.threshold),
-            shake_up=self.shake_up,
-            clipping=self.residual_clipping,
-            job_id=job_id,
-            rank=comm.rank,
+        variables = model.trainable_variables
+        args = (FlatVariables(variables).size, copy.deepcopy(self.threshold))
+        kwargs = {
+            "shake_up": self.shake_up,
+            "clipping": self.residual_clipping,
+            "job_id": job_id,
+            "rank": comm.rank,
+        }
+        on_device = self.encoder == "device" or (
+            self.encoder == "auto" and variables_on_gpu(variables)
         )
+        compressor: ThresholdCompressor
+        if on_device:
+            device = variable_device(variables[0]) if variables else None
+            compressor = DeviceThresholdCompressor(*args, **kwargs, device=device)
+        else:
+            compressor = ThresholdCompressor(*args, **kwargs)
         return GradientSharingExchange(model, comm, compressor, classification=classification)
 
 
@@ -224,6 +248,7 @@ def master_from_training_config(training: TrainingConfig) -> TrainingMaster:
         residual_clipping=ResidualClipping(
             training.residual_clipping.factor, training.residual_clipping.frequency
         ),
+        encoder=training.encoder,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 
@@ -32,10 +34,18 @@ class GradientSharingExchange(UpdateExchange):
             tf.Variable(v, trainable=False, name=f"shared_{i}")
             for i, v in enumerate(model.trainable_variables)
         ]
-        self._pending = np.zeros(self.trainable.size, dtype=np.float32)
+        # Device encoder: the update stays a tensor on the model's device, and a sparse
+        # decoded sum goes back to the device as (index, value) pairs.
+        self._on_device = bool(getattr(compressor, "device_resident", False))
+        self._device = getattr(compressor, "_device", None)
+        # Host double buffer of the decoded sum; ``_pending`` is what the next step applies
+        # (the host buffer itself, or a device tensor built from it).
+        self._pending_host = np.zeros(self.trainable.size, dtype=np.float32)
         self._sum = np.zeros(self.trainable.size, dtype=np.float32)
+        self._pending: np.ndarray | tf.Tensor = self._pending_host
         self._step_fn = tf.function(self._step_graph, reduce_retracing=True)
         self._flush_fn = tf.function(self._flush_graph, reduce_retracing=True)
+        self._scatter_fn = tf.function(self._scatter_graph, reduce_retracing=True)
         self.last_stats = None
 
     def _apply_shared_sum(self, total: tf.Tensor) -> None:
@@ -63,10 +73,25 @@ class GradientSharingExchange(UpdateExchange):
     def _flush_graph(self, previous_sum: tf.Tensor) -> None:
         self._apply_shared_sum(previous_sum)
 
+    def _scatter_graph(self, index: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        return tf.scatter_nd(index[:, None], values, [self.trainable.size])
+
+    def _to_device(self, total: np.ndarray) -> np.ndarray | tf.Tensor:
+        """The decoded sum for the device: its non-zeros scattered into zeros on the device
+        when that moves fewer bytes, else the dense host vector. Bit-identical to the dense
+        vector: the host sum has no ``-0.0`` (it starts at ``+0.0`` and only adds ``±tau``),
+        so its zeros are exactly the ``+0.0`` that ``scatter_nd`` fills in."""
+        index = np.flatnonzero(total)
+        if 2 * index.size >= total.size:
+            return total
+        with tf.device(self._device) if self._device else contextlib.nullcontext():
+            return self._scatter_fn(index.astype(np.int32), total[index])
+
     def flush(self) -> None:
         """Apply the pending decoded sum now (before anything reads the weights)."""
         self._flush_fn(self._pending)
-        self._pending[:] = 0.0
+        self._pending_host[:] = 0.0
+        self._pending = self._pending_host
 
     def end_epoch(self, epoch: int) -> None:
         self.flush()
@@ -78,15 +103,17 @@ class GradientSharingExchange(UpdateExchange):
     def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
         watch = Stopwatch()
         loss, accuracy, update = self._step_fn(x, y, self._pending)
-        update_np = update.numpy()
+        if not self._on_device:
+            update = update.numpy()  # the host encoder needs the whole update on the host
         watch.lap("compute_s")
-        frame, stats = self.compressor.compress(update_np, step)
+        frame, stats = self.compressor.compress(update, step)
         watch.lap("encode_s")
         frames = self.comm.allgather(frame)
         watch.lap("communicate_s")
         total = self.compressor.decompress_sum(frames, step, out=self._sum)
         # double buffer: the step function has finished with the previous pending sum
-        self._pending, self._sum = total, self._pending
+        self._pending_host, self._sum = total, self._pending_host
+        self._pending = self._to_device(total) if self._on_device else total
         watch.lap("decode_s")
         self.last_stats = stats
         return StepResult(

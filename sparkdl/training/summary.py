@@ -65,7 +65,10 @@ def summarize_fit(
         "samples_per_second": results[0]["samples"] / train_seconds if train_seconds else 0.0,
         "steady_samples_per_second": steady,
         "num_parameters": num_parameters,
-        "bytes_per_step": sum(r["bytes_sent"] for r in results) / world / max(steps, 1),
+        "bytes_per_step": sum(r["bytes_sent"] for r in results) / world
+        / max(results[0].get("trained_steps", steps), 1),
+        "resumed_from": results[0].get("resumed_from"),
+        "attempt_started_at": min(r.get("started_at", 0.0) for r in results),
         "dense_bytes_per_step": 4.0 * num_parameters * 2 * (world - 1) / world,
         "data_wait_fraction": sum(r["data_wait_seconds"] for r in results)
         / max(sum(r["train_seconds"] for r in results), 1e-9),

@@ -32,6 +32,7 @@ class WorkerSpec:
     custom_objects: dict[str, Any] | None = None
     threads: int = 1
     shuffle: bool = True
+    checkpoint: dict[str, Any] | None = None  # CheckpointPolicy fields plus "run_id"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -64,23 +65,54 @@ def configure_tensorflow(threads: int, gpu_addresses: list[str] | None = None) -
 
 def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
     """Train on this worker's slice; returns its measurements (rank 0 adds the model)."""
+    import time
+
     import keras
 
+    started_at = time.time()
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import ShardReader
+    from sparkdl.errors import TrainingError
+    from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore, TrainingState
     from sparkdl.training.loop import run_loop
     from sparkdl.training.masters import master_from_config
     from sparkdl.training.serialization import model_from_bytes, model_to_bytes
     from sparkdl.training.variables import weights_checksum
 
     master = master_from_config(spec.master_config)
-    keras.utils.set_random_seed(master.seed + comm.rank)
-    model = model_from_bytes(spec.model_bytes, spec.custom_objects)
+    policy, store, run_id, resumed = None, None, "", None
+    if spec.checkpoint:
+        settings = dict(spec.checkpoint)
+        run_id = settings.pop("run_id")
+        policy = CheckpointPolicy(**settings)
+        store = CheckpointStore(policy.uri)
+        store.check_failure()
+        resumed = store.latest(run_id)
+    start = resumed.state if resumed else TrainingState(run_id, 0, 0, 0)
+    # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
+    keras.utils.set_random_seed(master.seed + comm.rank + 7919 * start.global_step)
+    model = model_from_bytes(
+        resumed.model_bytes if resumed else spec.model_bytes, spec.custom_objects
+    )
+    if resumed:
+        log.warning(
+            "worker %d resuming from checkpoint %s at epoch %d, step %d (global step %d)",
+            comm.rank, resumed.path, start.epoch, start.step_in_epoch, start.global_step,
+        )
     metadata = ShardMetadata.from_json(spec.metadata_json)
     classification = metadata.label_kind == "class"
     exchange = master.create_exchange(
         model, comm, job_id=spec.job_id, classification=classification
     )
+    _restore_exchange_state(exchange, start.exchange_state)
+
+    def on_checkpoint(global_step: int, epoch: int, step: int, history: list) -> None:
+        if comm.rank != 0:
+            return
+        state = TrainingState(run_id, global_step, epoch, step, list(history),
+                              _exchange_state(exchange))
+        path = store.save(state, model_to_bytes(model), keep=policy.keep)
+        log.info("checkpoint %s written (epoch %d, step %d)", path, epoch, step)
     reader = ShardReader(
         spec.data_uri,
         metadata,
@@ -98,7 +130,16 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
             epochs=spec.epochs,
             steps_per_epoch=spec.steps_per_epoch,
             batch_size=master.batch_size_per_worker,
+            start_epoch=start.epoch,
+            start_step=start.step_in_epoch,
+            history=start.history,
+            checkpoint_due=policy.due if policy else None,
+            on_checkpoint=on_checkpoint if policy else None,
         )
+    except TrainingError as exc:
+        if store is not None:
+            store.record_failure(str(exc))  # a retry would fail the same way: fail fast
+        raise
     finally:
         reader.close()
     result: dict[str, Any] = {
@@ -116,7 +157,27 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
         "timings": loop.timings,
         "extras": loop.extras,
         "num_parameters": exchange.trainable.size,
+        "trained_steps": loop.steps - start.global_step,
+        "resumed_from": resumed.path if resumed else None,
+        "started_at": started_at,
     }
     if comm.rank == 0:
         result["model_bytes"] = model_to_bytes(model)
     return result
+
+
+def _exchange_state(exchange: Any) -> dict[str, Any]:
+    """What a resumed exchange needs beyond the model: the adaptive threshold's τ.
+
+    Residuals are not kept: a resumed sharing run drops the residue that had not reached τ
+    (at most τ per element), which costs about as much as a few steps of small updates.
+    """
+    threshold = getattr(getattr(exchange, "compressor", None), "threshold", None)
+    tau = getattr(threshold, "tau", None)
+    return {"tau": float(tau)} if tau is not None else {}
+
+
+def _restore_exchange_state(exchange: Any, state: dict[str, Any]) -> None:
+    threshold = getattr(getattr(exchange, "compressor", None), "threshold", None)
+    if "tau" in state and threshold is not None and hasattr(threshold, "tau"):
+        threshold.tau = float(state["tau"])

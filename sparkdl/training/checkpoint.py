@@ -1,0 +1,175 @@
+"""Training checkpoints: written atomically by rank 0, read by every worker on resume.
+
+A checkpoint is a directory ``ckpt-<global step>`` under the job's checkpoint URI holding
+``model.keras`` (weights and optimizer state) and ``state.json`` (position, history, the
+threshold algorithm's current state, the run id). It is written under a temporary name and
+renamed when complete, so a worker killed mid-write leaves no checkpoint that looks whole.
+Any filesystem pyarrow reaches works (local, HDFS, fsspec), as for shards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from sparkdl.data.metadata import resolve
+from sparkdl.errors import ConfigurationError, TrainingError
+
+log = logging.getLogger("sparkdl.training")
+
+_NAME = re.compile(r"^ckpt-(\d{10})$")
+RUN_FILE = "_run.json"
+FAILURE_FILE = "_failure.json"
+MODEL_FILE = "model.keras"
+STATE_FILE = "state.json"
+
+
+@dataclass
+class CheckpointPolicy:
+    """Where and how often rank 0 checkpoints."""
+
+    uri: str
+    every: int = 1
+    unit: str = "epochs"  # "epochs" | "steps"
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        if self.unit not in ("epochs", "steps"):
+            raise ConfigurationError(
+                f"checkpoint_unit must be 'epochs' or 'steps', got {self.unit!r}"
+            )
+        if self.every < 1 or self.keep < 1:
+            raise ConfigurationError(
+                f"checkpoint_every and keep must be positive, got {self.every}, {self.keep}"
+            )
+
+    def due(self, global_step: int, epoch_end: bool, epoch: int) -> bool:
+        """Whether to checkpoint after ``global_step`` steps have been taken."""
+        if self.unit == "steps":
+            return global_step % self.every == 0
+        return epoch_end and (epoch + 1) % self.every == 0
+
+
+@dataclass
+class TrainingState:
+    """Where training stands: the next step to run is ``(epoch, step_in_epoch)``."""
+
+    run_id: str
+    global_step: int
+    epoch: int
+    step_in_epoch: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    exchange_state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Checkpoint:
+    path: str
+    state: TrainingState
+    model_bytes: bytes
+
+
+class CheckpointStore:
+    """The checkpoints of one training run under a URI."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri.rstrip("/")
+        self.fs, self.root = resolve(self.uri)
+
+    # Run identity ------------------------------------------------------------------------
+
+    def start_run(self, resume: bool) -> str:
+        """Begin a fit: keep the existing run when resuming, else clear old checkpoints."""
+        self.fs.create_dir(self.root, recursive=True)
+        current = self._read_json(RUN_FILE)
+        if resume and current:
+            self._delete(FAILURE_FILE)
+            return str(current["run_id"])
+        for name in self._checkpoint_names():
+            self.fs.delete_dir(f"{self.root}/{name}")
+        self._delete(FAILURE_FILE)
+        run_id = uuid.uuid4().hex
+        self._write_bytes(RUN_FILE, json.dumps({"run_id": run_id}).encode())
+        return run_id
+
+    # Reading -----------------------------------------------------------------------------
+
+    def latest(self, run_id: str) -> Checkpoint | None:
+        """The newest complete checkpoint of ``run_id``, if any."""
+        for name in reversed(self._checkpoint_names()):
+            try:
+                state = TrainingState(**json.loads(self._read(f"{name}/{STATE_FILE}")))
+                if state.run_id != run_id:
+                    continue
+                return Checkpoint(f"{self.uri}/{name}", state,
+                                  self._read(f"{name}/{MODEL_FILE}"))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("skipping unreadable checkpoint %s/%s: %s", self.uri, name, exc)
+        return None
+
+    # Writing -----------------------------------------------------------------------------
+
+    def save(self, state: TrainingState, model_bytes: bytes, keep: int = 2) -> str:
+        """Write a checkpoint atomically; keep only the newest ``keep``."""
+        name = f"ckpt-{state.global_step:010d}"
+        tmp = f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        self.fs.create_dir(f"{self.root}/{tmp}", recursive=True)
+        try:
+            self._write_bytes(f"{tmp}/{MODEL_FILE}", model_bytes)
+            self._write_bytes(f"{tmp}/{STATE_FILE}", json.dumps(asdict(state)).encode())
+            if self._exists(name):
+                self.fs.delete_dir(f"{self.root}/{name}")
+            self.fs.move(f"{self.root}/{tmp}", f"{self.root}/{name}")
+        except BaseException:
+            self.fs.delete_dir(f"{self.root}/{tmp}")
+            raise
+        for old in self._checkpoint_names()[:-keep]:
+            self.fs.delete_dir(f"{self.root}/{old}")
+        return f"{self.uri}/{name}"
+
+    def record_failure(self, message: str) -> None:
+        """Mark the run as failed for a reason a retry cannot fix (non-finite values)."""
+        self._write_bytes(FAILURE_FILE, json.dumps({"error": message}).encode())
+
+    def check_failure(self) -> None:
+        failure = self._read_json(FAILURE_FILE)
+        if failure:
+            raise TrainingError(f"an earlier attempt of this run failed: {failure['error']}")
+
+    # Filesystem helpers ------------------------------------------------------------------
+
+    def _checkpoint_names(self) -> list[str]:
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError:
+            return []
+        return sorted(i.base_name for i in infos
+                      if i.type == pafs.FileType.Directory and _NAME.match(i.base_name))
+
+    def _exists(self, name: str) -> bool:
+        return self.fs.get_file_info(f"{self.root}/{name}").type != pafs.FileType.NotFound
+
+    def _read(self, name: str) -> bytes:
+        with self.fs.open_input_stream(f"{self.root}/{name}") as stream:
+            return stream.read()
+
+    def _read_json(self, name: str) -> dict[str, Any] | None:
+        if not self._exists(name):
+            return None
+        return json.loads(self._read(name))
+
+    def _write_bytes(self, name: str, data: bytes) -> None:
+        tmp = f"{self.root}/{name}.tmp-{uuid.uuid4().hex[:8]}"
+        with self.fs.open_output_stream(tmp) as stream:
+            stream.write(data)
+        self.fs.move(tmp, f"{self.root}/{name}")
+
+    def _delete(self, name: str) -> None:
+        if self._exists(name):
+            self.fs.delete_file(f"{self.root}/{name}")
