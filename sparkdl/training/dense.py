@@ -23,7 +23,9 @@ class DenseAllreduceExchange(UpdateExchange):
 
     def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
         watch = Stopwatch()
-        loss, accuracy, grads = self._gradients(x, y)
+        loss, accuracy, grads, finite = self._gradients(x, y)
+        if not bool(finite):
+            return StepResult(loss=float(loss), accuracy=float(accuracy), finite_update=False)
         grads_np = grads.numpy()
         watch.lap("compute_s")
         mean = self.comm.allreduce(grads_np, "mean") if self.comm.world_size > 1 else grads_np

@@ -150,8 +150,9 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         sample = tf.abs(self.variable[offset::stride])
         return tf.reduce_min(tf.math.top_k(sample, k=passing, sorted=False).values)
 
-    def _encode_graph(self, update: tf.Tensor, t: tf.Tensor, bound: tf.Tensor, *, add: bool,
-                      clip: bool):
+    def _encode_graph(
+        self, update: tf.Tensor, t: tf.Tensor, bound: tf.Tensor, *, add: bool, clip: bool
+    ):
         """Residual (+= update), encode at ``t``, (clip to ``±bound``); return
         ``(sparse_entries int32, bitmap uint8, nnz)`` with one of the two messages empty."""
         r = self.variable
@@ -159,11 +160,14 @@ class DeviceThresholdCompressor(ThresholdCompressor):
             r.assign_add(update)
         x = r.read_value()
         candidate = tf.abs(x) >= t  # False for NaN, like numpy
-        count = tf.reduce_sum(tf.cast(candidate, tf.int32))
+        # Counts and element-sized intermediates are int64/float32: TensorFlow keeps int32
+        # tensors of many GPU kernels (Sum, Mul, ...) in host memory, which would move
+        # n-element tensors off the GPU.
+        count = tf.math.count_nonzero(candidate, dtype=tf.int64)
         n = self.num_elements
 
         def sparse():
-            index = tf.where(candidate)[:, 0]  # ascending
+            index = tf.where(candidate)[:, 0]  # int64, ascending
             values = tf.gather(x, index)
             negative = values < 0  # candidates are non-zero and not NaN: == sign bit
             signed = tf.where(negative, -t, t)
@@ -172,9 +176,9 @@ class DeviceThresholdCompressor(ThresholdCompressor):
             index = tf.boolean_mask(index, exact)
             negative = tf.boolean_mask(negative, exact)
             r.scatter_nd_update(index[:, None], tf.boolean_mask(updated, exact))
-            entries = tf.cast(index + 1, tf.int32)
-            entries = tf.where(negative, -entries, entries)
-            return entries, tf.zeros([0], tf.uint8), tf.size(entries, out_type=tf.int32)
+            entries = index + 1
+            entries = tf.cast(tf.where(negative, -entries, entries), tf.int32)
+            return entries, tf.zeros([0], tf.uint8), tf.size(entries, out_type=tf.int64)
 
         def bitmap():
             negative = x < 0
@@ -182,12 +186,13 @@ class DeviceThresholdCompressor(ThresholdCompressor):
             updated = x - signed
             encoded = candidate & tf.equal(updated + signed, x)
             r.assign(tf.where(encoded, updated, x))
-            codes = tf.where(encoded, tf.where(negative, 2, 1), 0)
+            # codes 0/1/2 as small exact floats; byte = c0 + 4 c1 + 16 c2 + 64 c3 <= 170
+            codes = tf.where(encoded, tf.where(negative, 2.0, 1.0), 0.0)
             codes = tf.pad(codes, [[0, 4 * bitmap_nbytes(n) - n]])
             packed = tf.reduce_sum(
-                tf.reshape(codes, [-1, 4]) * tf.constant(_BITMAP_WEIGHTS, tf.int32), axis=1
+                tf.reshape(codes, [-1, 4]) * tf.constant(_BITMAP_WEIGHTS, tf.float32), axis=1
             )
-            nnz = tf.reduce_sum(tf.cast(encoded, tf.int32))
+            nnz = tf.math.count_nonzero(encoded, dtype=tf.int64)
             return tf.zeros([0], tf.int32), tf.cast(packed, tf.uint8), nnz
 
         entries, packed, nnz = tf.cond(count > self._max_sparse, bitmap, sparse)
@@ -230,10 +235,13 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         size = len(range(offset, n, stride))
         passing = max(1, round(th.sparsity * size))
         with self._placement():
-            value = float(self._quantile_fn(
-                tf.constant(offset, tf.int64), tf.constant(stride, tf.int64),
-                tf.constant(passing, tf.int32),
-            ))
+            value = float(
+                self._quantile_fn(
+                    tf.constant(offset, tf.int64),
+                    tf.constant(stride, tf.int64),
+                    tf.constant(passing, tf.int32),
+                )
+            )
         if math.isfinite(value) and value > 0:
             th.tau = min(max(value, MIN_TAU), MAX_TAU)
         return th.tau
@@ -294,4 +302,3 @@ class DeviceThresholdCompressor(ThresholdCompressor):
             shake_up=shake,
         )
         return frame, stats
-

@@ -19,6 +19,7 @@ class StepResult:
 
     loss: float
     accuracy: float
+    finite_update: bool = True
     timings: dict[str, float] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -69,7 +70,8 @@ class UpdateExchange(abc.ABC):
         grads = tape.gradient(loss, self.model.trainable_variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self.model.trainable_variables)]
-        return loss, accuracy, tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+        return loss, accuracy, flat, tf.reduce_all(tf.math.is_finite(flat))
 
 
 class Stopwatch:

@@ -89,9 +89,11 @@ def run_loop(
                 ) from None
             result.data_wait_seconds += time.perf_counter() - wait_start
             outcome = exchange.step(x, y, global_step)
-            if not math.isfinite(outcome.loss):
+            if not math.isfinite(outcome.loss) or not outcome.finite_update:
+                what = (f"loss {outcome.loss}" if not math.isfinite(outcome.loss)
+                        else "update (NaN or inf in the gradients or optimizer update)")
                 raise TrainingError(
-                    f"non-finite loss {outcome.loss} at epoch {epoch}, step {step} "
+                    f"non-finite {what} at epoch {epoch}, step {step} "
                     f"(global step {global_step}) on worker {comm.rank}"
                 )
             totals += (outcome.loss, outcome.accuracy, 1.0)

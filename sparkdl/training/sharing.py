@@ -68,7 +68,7 @@ class GradientSharingExchange(UpdateExchange):
         update = tf.concat(
             [tf.reshape(v - w, [-1]) for v, w in zip(variables, self._shared)], axis=0
         )
-        return loss, accuracy, update
+        return loss, accuracy, update, tf.reduce_all(tf.math.is_finite(update))
 
     def _flush_graph(self, previous_sum: tf.Tensor) -> None:
         self._apply_shared_sum(previous_sum)
@@ -102,7 +102,9 @@ class GradientSharingExchange(UpdateExchange):
 
     def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
         watch = Stopwatch()
-        loss, accuracy, update = self._step_fn(x, y, self._pending)
+        loss, accuracy, update, finite = self._step_fn(x, y, self._pending)
+        if not bool(finite):
+            return StepResult(loss=float(loss), accuracy=float(accuracy), finite_update=False)
         if not self._on_device:
             update = update.numpy()  # the host encoder needs the whole update on the host
         watch.lap("compute_s")

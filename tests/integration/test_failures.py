@@ -1,0 +1,311 @@
+"""Failures and recovery on real Spark: lost workers, lost executors, hung peers, bad steps.
+
+The cluster tests run ``jobs/train.py`` on ``local-cluster[2,1,1024]`` (two executor JVMs)
+with checkpoints, hurt one worker once the first checkpoint exists, and check that the job
+completes from the checkpoint with the accuracy of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparkdl import DenseTrainingMaster, SharedTrainingMaster, SparkModel
+from sparkdl.errors import TrainingError
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = str(REPO / "conf" / "digits.yaml")
+EPOCHS = 40
+
+pytestmark = pytest.mark.spark
+
+
+# Process helpers (Linux /proc) -----------------------------------------------------------
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _descendants(root: int) -> set[int]:
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    children: dict[int, list[int]] = {}
+    for pid in pids:
+        children.setdefault(_parent(pid), []).append(pid)
+    found, stack = set(), [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.add(child)
+            stack.append(child)
+    return found
+
+
+def python_workers(root: int) -> list[int]:
+    """PySpark worker processes (forked by a pyspark.daemon) under ``root``."""
+    return sorted(
+        pid for pid in _descendants(root)
+        if "pyspark.daemon" in _cmdline(pid) and "pyspark.daemon" in _cmdline(_parent(pid))
+    )
+
+
+def executor_jvms(root: int) -> list[int]:
+    return sorted(p for p in _descendants(root) if "CoarseGrainedExecutorBackend" in _cmdline(p))
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# Running the train job ---------------------------------------------------------------------
+
+
+def start_train(tmp_path: Path, data_dir: str, name: str, *extra: str) -> tuple:
+    out = tmp_path / name
+    out.mkdir()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+           "SPARK_WORKER_DIR": str(tmp_path / f"{name}-work")}
+    args = [sys.executable, "jobs/train.py", "--conf", CONF,
+            "--set", f"data.dir={data_dir}", "--set", f"output.dir={out}",
+            "--set", f"training.epochs={EPOCHS}",
+            "--set", f"training.checkpoint_dir={out / 'ckpt'}",
+            "--set", "training.checkpoint_every=40", "--set", "training.checkpoint_unit=steps",
+            *extra]
+    log = open(out / "log.txt", "w")  # noqa: SIM115 (closed by finish())
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return proc, out, log
+
+
+def finish(proc, out: Path, log, timeout: float = 420) -> tuple[int, str]:
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    return code, (out / "log.txt").read_text()
+
+
+def first_checkpoint(out: Path) -> None:
+    wait_for(lambda: list((out / "ckpt").glob("ckpt-*")), 240, "the first checkpoint")
+
+
+def test_accuracy(out: Path, test_uri: str) -> float:
+    import keras
+
+    from sparkdl.data.reader import read_all
+
+    x, y = read_all(test_uri)
+    model = keras.models.load_model(out / "model.keras")
+    return float((model.predict(x, verbose=0).argmax(axis=1) == y).mean())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, digits_shards):
+    """An uninterrupted run with the same seed and settings (local[2], same code path)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    data_dir = digits_shards["train"].rsplit("/", 1)[0]
+    proc, out, log = start_train(tmp, data_dir, "ref")
+    code, text = finish(proc, out, log)
+    assert code == 0, text[-3000:]
+    return {"data_dir": data_dir, "accuracy": test_accuracy(out, digits_shards["test"])}
+
+
+def _check_recovered(out: Path, code: int, text: str, reference, digits_shards, hurt_at: float):
+    assert code == 0, text[-4000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["resumed_from"], "the retried stage did not resume from a checkpoint"
+    assert "resumed from checkpoint" in text and metrics["resumed_from"] in text
+    assert metrics["steps"] == EPOCHS * metrics["steps_per_epoch"]
+    assert metrics["replicas_identical"] is True
+    accuracy = test_accuracy(out, digits_shards["test"])
+    assert abs(accuracy - reference["accuracy"]) <= 0.01, (accuracy, reference["accuracy"])
+    recovery = metrics["attempt_started_at"] - hurt_at
+    print(f"recovered in {recovery:.1f} s; accuracy {accuracy:.4f} vs "
+          f"{reference['accuracy']:.4f} uninterrupted; resumed from {metrics['resumed_from']}")
+    return recovery
+
+
+@pytest.mark.slow
+def test_killed_worker_process_resumes_from_checkpoint(tmp_path, reference, digits_shards):
+    proc, out, log = start_train(tmp_path, reference["data_dir"], "kill-worker",
+                                 "--set", "cluster.master=local-cluster[2,1,1024]")
+    try:
+        first_checkpoint(out)
+        workers = wait_for(lambda: python_workers(proc.pid), 30, "training workers")
+        os.kill(workers[-1], signal.SIGKILL)
+        hurt_at = time.time()
+    finally:
+        code, text = finish(proc, out, log)
+    _check_recovered(out, code, text, reference, digits_shards, hurt_at)
+
+
+@pytest.mark.slow
+def test_killed_executor_jvm_resumes_from_checkpoint(tmp_path, reference, digits_shards):
+    proc, out, log = start_train(tmp_path, reference["data_dir"], "kill-jvm",
+                                 "--set", "cluster.master=local-cluster[2,1,1024]")
+    try:
+        first_checkpoint(out)
+        jvms = wait_for(lambda: executor_jvms(proc.pid), 30, "executor JVMs")
+        os.kill(jvms[-1], signal.SIGKILL)
+        hurt_at = time.time()
+    finally:
+        code, text = finish(proc, out, log)
+    _check_recovered(out, code, text, reference, digits_shards, hurt_at)
+
+
+@pytest.mark.slow
+def test_hung_worker_times_out_and_the_stage_is_retried(tmp_path, reference, digits_shards):
+    timeout_s = 8
+    proc, out, log = start_train(tmp_path, reference["data_dir"], "hang",
+                                 "--set", "cluster.master=local-cluster[2,1,1024]",
+                                 "--set", f"cluster.timeout_s={timeout_s}")
+    stopped = None
+    try:
+        first_checkpoint(out)
+        stopped = wait_for(lambda: python_workers(proc.pid), 30, "training workers")[-1]
+        os.kill(stopped, signal.SIGSTOP)
+        hurt_at = time.time()
+    finally:
+        code, text = finish(proc, out, log)
+        if stopped:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(stopped, sig)
+    recovery = _check_recovered(out, code, text, reference, digits_shards, hurt_at)
+    assert recovery >= timeout_s * 0.9, "resumed before the silent peer could have timed out"
+    assert "CommunicationError" in text or "sent nothing" in text or "accepted no data" in text
+
+
+@pytest.mark.slow
+def test_retries_are_bounded_and_every_failure_is_reported(tmp_path, reference):
+    proc, out, log = start_train(
+        tmp_path, reference["data_dir"], "nan",
+        "--set", "cluster.master=local-cluster[2,1,1024]",
+        "--set", "cluster.spark_conf.spark.stage.maxConsecutiveAttempts=3",
+        "--set", "model.optimizer.name=sgd", "--set", "model.optimizer.learning_rate=1e12",
+        "--set", "training.mode=dense",
+    )
+    code, text = finish(proc, out, log)
+    assert code == 2, text[-3000:]
+    error = next(line for line in text.splitlines() if "sparkdl train: error:" in line)
+    assert "non-finite loss" in error and "at epoch 0, step" in error
+    for attempt in range(3):
+        assert f"attempt {attempt}," in error, error
+    assert not (out / "model.keras").exists()
+
+
+def test_non_finite_loss_stops_training_naming_epoch_and_step(spark, digits_shards, make_mlp,
+                                                              tmp_path):
+    import keras
+
+    model = make_mlp([8, 8, 1], 10)
+    model.compile(optimizer=keras.optimizers.SGD(1e12), loss="sparse_categorical_crossentropy")
+    spark_model = SparkModel(spark, model, DenseTrainingMaster(num_workers=2))
+    before = model.get_weights()
+    with pytest.raises(TrainingError, match=r"non-finite loss .* at epoch 0, step \d+"):
+        spark_model.fit(digits_shards["train"], epochs=2)
+    # the model was not replaced by a broken one
+    for a, b in zip(before, spark_model.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_continues_a_fit_that_was_stopped(spark, digits_shards, make_mlp, tmp_path):
+    ckpt = (tmp_path / "ckpt").as_uri()
+    tm = SharedTrainingMaster(num_workers=2)
+    first = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
+    first.fit(digits_shards["train"], epochs=2, checkpoint_dir=ckpt)
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*"))  # written
+    resumed = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
+    fit = resumed.fit(digits_shards["train"], epochs=4, checkpoint_dir=ckpt, resume=True)
+    per_epoch = fit.metrics["steps_per_epoch"]
+    assert fit.metrics["resumed_from"].endswith(f"ckpt-{2 * per_epoch:010d}")
+    assert fit.metrics["steps"] == 4 * per_epoch
+    assert len(fit.history["loss"]) == 4
+    # without resume, the same directory starts over
+    fresh = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
+    again = fresh.fit(digits_shards["train"], epochs=1, checkpoint_dir=ckpt)
+    assert again.metrics["resumed_from"] is None
+
+
+def test_cancelled_fit_leaves_nothing_behind(spark, digits_shards, make_mlp, tmp_path):
+    tmp_before = set(Path("/tmp").glob("sparkdl-*"))
+    ckpt = tmp_path / "ckpt"
+    spark_model = SparkModel(spark, make_mlp([8, 8, 1], 10), SharedTrainingMaster(num_workers=2))
+    errors: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            spark_model.fit(digits_shards["train"], epochs=200, checkpoint_dir=ckpt.as_uri(),
+                            checkpoint_every=20, checkpoint_unit="steps")
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=fit)
+    thread.start()
+    wait_for(lambda: list(ckpt.glob("ckpt-*")), 120, "training to start")
+    workers = python_workers(os.getpid())
+    spark.sparkContext.cancelAllJobs()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert errors and isinstance(errors[0], TrainingError)
+    busy = [p for p in workers if p in python_workers(os.getpid()) and _listening(p)]
+    assert not busy, f"workers still hold listening sockets: {busy}"
+    wait_for(lambda: not [p for p in workers if _is_training(p)], 30, "training workers to stop")
+    assert set(Path("/tmp").glob("sparkdl-*")) <= tmp_before
+    assert not list(ckpt.glob(".ckpt-*"))  # no half-written checkpoint
+
+
+def _listening(pid: int) -> bool:
+    """Whether ``pid`` holds a TCP socket in LISTEN state."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return False
+    sockets = {i[8:-1] for i in inodes if i.startswith("socket:[")}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in sockets:
+                return True
+    return False
+
+
+def _is_training(pid: int) -> bool:
+    """A worker still running a training task uses CPU; an idle reused worker does not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    first = int(stat[11]) + int(stat[12])
+    time.sleep(0.5)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return int(stat[11]) + int(stat[12]) - first > 10
