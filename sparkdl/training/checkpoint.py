@@ -87,6 +87,7 @@ class CheckpointStore:
     def start_run(self, resume: bool) -> str:
         """Begin a fit: keep the existing run when resuming, else clear old checkpoints."""
         self.fs.create_dir(self.root, recursive=True)
+        self._remove_partial_writes()
         current = self._read_json(RUN_FILE)
         if resume and current:
             self._delete(FAILURE_FILE)
@@ -151,6 +152,17 @@ class CheckpointStore:
             return []
         return sorted(i.base_name for i in infos
                       if i.type == pafs.FileType.Directory and _NAME.match(i.base_name))
+
+    def _remove_partial_writes(self) -> None:
+        """Delete what a writer killed mid-checkpoint left (never complete, never read)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        for info in infos:
+            if ".tmp-" not in info.base_name:
+                continue
+            if info.type == pafs.FileType.Directory:
+                self.fs.delete_dir(info.path)
+            else:
+                self.fs.delete_file(info.path)
 
     def _exists(self, name: str) -> bool:
         return self.fs.get_file_info(f"{self.root}/{name}").type != pafs.FileType.NotFound
