@@ -10,6 +10,10 @@ from sparkdl.errors import ConfigurationError
 
 PIPELINES: dict[str, str] = {
     "digits": "pipelines.digits:run",
+    "iris": "pipelines.iris:run",
+    "mnist": "pipelines.mnist:run",
+    "csv": "pipelines.csvfile:run",
+    "images": "pipelines.images:run",
 }
 
 

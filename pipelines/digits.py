@@ -22,6 +22,7 @@ def run(
     num_files: int = 8,
     normalizer: str = "standardize",
     rows_per_group: int = 64,
+    num_workers: int | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write ``<output_dir>/train`` and ``<output_dir>/test`` shards of the digits data.
@@ -45,7 +46,7 @@ def run(
                 norm.transform(part), uri, feature_shape=DIGITS_SHAPE, label_kind="class",
                 classes=DIGITS_CLASSES, num_files=num_files, rows_per_group=rows_per_group,
                 normalizer=config, extra={**extra, "split": split}, overwrite=overwrite,
-                seed=seed,
+                seed=seed, num_workers=num_workers,
             )
             out[split] = uri
             out[f"{split}_rows"] = meta.num_rows

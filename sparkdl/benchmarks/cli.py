@@ -16,6 +16,7 @@ SUITES = {
     "collectives": "sparkdl.benchmarks.collectives",
     "training": "sparkdl.benchmarks.training",
     "reader": "sparkdl.benchmarks.reader",
+    "etl": "sparkdl.benchmarks.etl",
 }
 
 

@@ -69,9 +69,14 @@ class ShardMetadata:
         """Total number of row groups over all files."""
         return sum(len(f.row_groups) for f in self.files)
 
+    @property
+    def class_index(self) -> dict[str, int]:
+        """The class name → label index mapping (empty for regression)."""
+        return {name: i for i, name in enumerate(self.classes)}
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
-        return asdict(self)
+        """A JSON-safe dict (with the derived ``class_index`` mapping, for readers' benefit)."""
+        return {**asdict(self), "class_index": self.class_index}
 
     def to_json(self) -> str:
         """Serialize to the ``_sparkdl.json`` text."""
@@ -122,6 +127,11 @@ class ShardMetadata:
         except (TypeError, ValueError) as exc:
             raise DataError(f"{source}: bad value: {exc}") from None
         meta.validate(source=source)
+        if "class_index" in data and data["class_index"] != meta.class_index:
+            raise DataError(
+                f"{source}: 'class_index' {data['class_index']} does not match 'classes' "
+                f"{meta.classes}"
+            )
         return meta
 
     @classmethod
@@ -165,13 +175,43 @@ class ShardMetadata:
 
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
-    """Return the pyarrow filesystem and path of a local path or any URI pyarrow supports."""
+    """The pyarrow filesystem and path of a local path or a URI.
+
+    ``file://`` and the schemes pyarrow knows (``hdfs://`` through libhdfs, ``s3://``,
+    ``gs://``, ...) use pyarrow's own filesystems; any other scheme goes through fsspec when
+    it is installed (``memory://``, ``abfs://``, ...).
+    """
     if "://" not in uri:
         return pafs.LocalFileSystem(), os.path.abspath(uri)
+    scheme = uri.split("://", 1)[0].lower()
     try:
         return pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        if scheme in ("hdfs", "viewfs"):
+            raise DataError(
+                f"cannot open {uri}: hdfs:// needs libhdfs (Hadoop's native client, "
+                f"libhdfs.so) and a Hadoop CLASSPATH; set HADOOP_HOME or ARROW_LIBHDFS_DIR "
+                f"and CLASSPATH=$(hadoop classpath --glob). pyarrow said: {exc}"
+            ) from None
+        if scheme != "file" and isinstance(exc, ValueError) and "nrecognized" in str(exc):
+            return _fsspec(uri, scheme)
         raise DataError(f"cannot open filesystem for {uri}: {exc}") from None
+
+
+def _fsspec(uri: str, scheme: str) -> tuple[pafs.FileSystem, str]:
+    """Wrap an fsspec filesystem for ``uri`` as a pyarrow filesystem."""
+    try:
+        import fsspec
+    except ImportError:
+        raise DataError(
+            f"cannot open {uri}: pyarrow has no filesystem for {scheme}:// and fsspec is not "
+            f"installed (pip install fsspec)"
+        ) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(uri)
+    except (ValueError, ImportError, OSError) as exc:
+        raise DataError(f"cannot open filesystem for {uri} through fsspec: {exc}") from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 def join(base: str, *parts: str) -> str:
@@ -182,10 +222,13 @@ def join(base: str, *parts: str) -> str:
     return out
 
 
-def read_metadata(uri: str) -> ShardMetadata:
+def read_metadata(uri: str, *, verify: bool = True) -> ShardMetadata:
     """Read and validate ``_sparkdl.json`` of the shard directory at ``uri``.
 
-    Checks that every listed file exists. Raises :class:`DataError` naming the path on any problem.
+    Checks that every listed file exists and, with ``verify`` (the default), that every file's
+    Parquet footer matches the metadata: readable, the expected columns and types, the same
+    schema in every file, the listed row groups. Only footers are read, never data.
+    Raises :class:`DataError` naming the file on any problem.
     """
     fs, path = resolve(uri)
     info = fs.get_file_info(path)
@@ -208,6 +251,10 @@ def read_metadata(uri: str) -> ShardMetadata:
             raise DataError(
                 f"shard file {join(uri, f.path)} listed in {METADATA_FILE} does not exist"
             )
+    if verify:
+        from sparkdl.data.reader import verify_files
+
+        verify_files(uri, meta)
     return meta
 
 

@@ -208,6 +208,32 @@ class _ShardFileHandle:
         self._stream.close()
 
 
+def verify_files(uri: str, metadata: ShardMetadata) -> None:
+    """Check every listed file's footer against the metadata, before any data is read.
+
+    Raises :class:`DataError` naming the file for an unreadable (corrupt) file, a missing
+    column, a wrong type, row groups that differ from the metadata, or schema drift (a file
+    whose ``features`` / ``label`` types differ from the first file's).
+    """
+    first: tuple[str, pa.DataType, pa.DataType] | None = None
+    for entry in metadata.files:
+        handle = _ShardFileHandle(uri, entry.path, metadata)
+        try:
+            schema = handle._file.schema_arrow
+            types = (schema.field(FEATURES).type, schema.field(LABEL).type)
+        finally:
+            handle.close()
+        if first is None:
+            first = (handle.source, *types)
+            continue
+        for name, want, got in zip((FEATURES, LABEL), first[1:], types):
+            if want != got:
+                raise DataError(
+                    f"schema drift: shard file {handle.source} has column {name!r} of type "
+                    f"{got}, but {first[0]} has {want}"
+                )
+
+
 def _convert(
     table: pa.Table, metadata: ShardMetadata, source: str, first_row: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -427,13 +453,40 @@ class ShardReader:
                     else:
                         window_x.append(item[0])
                         window_y.append(item[1])
-                if len(window_x) < self.shuffle_window and not done:
+                window = self.shuffle_window if self.shuffle else 1
+                if len(window_x) < window and not done:
                     continue
                 if not window_x and done:
                     raise DataError(  # cannot happen when the slice holds enough rows
                         f"worker {self.worker_slice.worker} ran out of rows after "
                         f"{emitted} of {self.steps_per_epoch} batches"
                     )
+                if not self.shuffle and window_x:
+                    # File order: batches are views into the row group; only a batch that
+                    # straddles two row groups is copied.
+                    held = len(window_x)
+                    gx, gy = window_x[0], window_y[0]
+                    window_x.clear()
+                    window_y.clear()
+                    start = 0
+                    if len(carry_x):
+                        start = min(bs - len(carry_x), len(gx))
+                        carry_x = np.concatenate([carry_x, gx[:start]])
+                        carry_y = np.concatenate([carry_y, gy[:start]])
+                        if len(carry_x) == bs:
+                            yield carry_x, carry_y
+                            emitted += 1
+                            carry_x, carry_y = gx[:0], gy[:0]
+                    full = min((len(gx) - start) // bs, self.steps_per_epoch - emitted)
+                    for b in range(full):
+                        s0 = start + b * bs
+                        yield gx[s0:s0 + bs], gy[s0:s0 + bs]
+                    emitted += full
+                    if not len(carry_x) or start < len(gx):
+                        carry_x = gx[start + full * bs:] if len(gx) > start else carry_x
+                        carry_y = gy[start + full * bs:] if len(gy) > start else carry_y
+                    self.stats.release(held)
+                    continue
                 x = np.concatenate([carry_x, *window_x])
                 y = np.concatenate([carry_y, *window_y])
                 held = len(window_x)

@@ -31,6 +31,7 @@ from sparkdl.data.metadata import (
     write_metadata,
 )
 from sparkdl.data.reader import FEATURES, LABEL, _validate_schema
+from sparkdl.data.spark_errors import spark_data_errors
 from sparkdl.errors import ConfigurationError, DataError, SparkDLError
 
 if TYPE_CHECKING:
@@ -241,6 +242,8 @@ def write_shards(
     overwrite: bool = False,
     seed: int = 0,
     label_shape: Sequence[int] | None = None,
+    num_workers: int | None = None,
+    row_group_bytes: int | None = None,
 ) -> ShardMetadata:
     """Validate ``df`` (columns ``features``, ``label``); write it atomically as shards at ``uri``.
 
@@ -248,7 +251,11 @@ def write_shards(
     Spark's default parallelism) by a hash of their content and ``seed``, and sorted by that
     hash within each file, so the output is the same for the same data and seed whatever the
     input partitioning. ``label_shape`` (regression only) defaults to the label length.
-    Returns the metadata written to ``_sparkdl.json``.
+    With ``num_workers``, at least ``4 × num_workers`` files are written (and the row-group size
+    is lowered if needed so every file holds row groups), so that every worker's slice is
+    balanced. ``row_group_bytes`` caps a row group's size in bytes (parquet.block.size).
+    Executor-side data errors (e.g. from a CSV or image reader upstream) surface as one
+    :class:`DataError`. Returns the metadata written to ``_sparkdl.json``.
     """
     from pyspark.sql import functions as F
 
@@ -262,9 +269,14 @@ def write_shards(
     if existing.type != pafs.FileType.NotFound and not overwrite:
         raise DataError(f"{uri} already exists; pass overwrite=True to replace it")
 
+    if num_workers is not None and num_workers < 1:
+        raise ConfigurationError(f"num_workers must be >= 1, got {num_workers}")
+    if row_group_bytes is not None and row_group_bytes < 1024:
+        raise ConfigurationError(f"row_group_bytes must be >= 1024, got {row_group_bytes}")
     raw_label_type = next((f.dataType for f in df.schema.fields if f.name == LABEL), None)
     data = _prepare(df, label_kind)
-    rows, label_len = _check(data, raw_label_type, feature_size, label_kind, len(classes))
+    with spark_data_errors():
+        rows, label_len = _check(data, raw_label_type, feature_size, label_kind, len(classes))
     if label_kind == "class":
         data = data.withColumn(LABEL, F.col(LABEL).cast("long"))
         label_shape = []
@@ -277,6 +289,10 @@ def write_shards(
     if num_files is None:
         parallelism = df.sparkSession.sparkContext.defaultParallelism
         num_files = max(1, min(parallelism, math.ceil(rows / rows_per_group)))
+    if num_workers is not None:
+        num_files = max(num_files, 4 * num_workers)
+        # Several row groups per file, so the planner can balance workers to within a group.
+        rows_per_group = max(1, min(rows_per_group, rows // (2 * num_files) or 1))
 
     tmp_uri, tmp_path = _sibling(uri, path, "tmp")
     meta = ShardMetadata(
@@ -292,11 +308,13 @@ def write_shards(
             .sortWithinPartitions(_HASH_COL, FEATURES)
             .drop(_HASH_COL)
         )
-        (
-            shuffled.write.mode("errorifexists")
-            .option("parquet.block.row.count.limit", int(rows_per_group))
-            .parquet(_spark_uri(tmp_uri, fs, tmp_path))
+        writer = shuffled.write.mode("errorifexists").option(
+            "parquet.block.row.count.limit", int(rows_per_group)
         )
+        if row_group_bytes is not None:
+            writer = writer.option("parquet.block.size", int(row_group_bytes))
+        with spark_data_errors():
+            writer.parquet(_spark_uri(tmp_uri, fs, tmp_path))
         meta.files = _collect_files(fs, tmp_path, tmp_uri, meta)
         written = sum(f.rows for f in meta.files)
         if written != rows:

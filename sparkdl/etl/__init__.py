@@ -1,1 +1,2 @@
-"""DataVec-style ETL on Spark: sample sources, splits, normalizers."""
+"""DataVec-style ETL on Spark: record readers, transform processes, analysis, normalizers,
+the non-finite values policy, sample sources and splits."""

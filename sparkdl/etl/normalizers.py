@@ -268,14 +268,93 @@ class MinMaxNormalizer(Normalizer):
         return out
 
 
+class ImageScaler(Normalizer):
+    """Pixel values [0, ``max_value``] → ``feature_range`` (DL4J's ImagePreProcessingScaler).
+
+    The scale is fixed, not learned: ``fit`` only counts rows and checks (in one Spark pass)
+    that no value lies outside [0, ``max_value``], naming the bad extreme otherwise.
+    """
+
+    class_name = "ImageScaler"
+
+    def __init__(
+        self, column: str = "features", max_value: float = 255.0,
+        feature_range: tuple[float, float] = (0.0, 1.0),
+    ) -> None:
+        super().__init__(column)
+        lo, hi = (float(v) for v in feature_range)
+        if not hi > lo or not float(max_value) > 0:
+            raise ConfigurationError(
+                f"ImageScaler needs max_value > 0 and feature_range low < high, got "
+                f"{max_value} and {feature_range}"
+            )
+        self.max_value = float(max_value)
+        self.feature_range = (lo, hi)
+
+    def fit(self, df: DataFrame, column: str | None = None) -> ImageScaler:
+        from pyspark.sql import functions as F
+
+        self.column = column or self.column
+        if self.column not in df.columns:
+            raise DataError(f"cannot fit ImageScaler: no column {self.column!r} in {df.columns}")
+        x = F.col(self.column)
+        row = df.agg(F.count(F.lit(1)), F.min(F.array_min(x)), F.max(F.array_max(x))).collect()[0]
+        if not row[0]:
+            raise DataError(f"cannot fit ImageScaler on column {self.column!r}: the DataFrame "
+                            f"is empty")
+        if row[1] < 0 or row[2] > self.max_value:
+            raise DataError(
+                f"column {self.column!r} holds values from {row[1]} to {row[2]}, outside the "
+                f"ImageScaler range [0, {self.max_value}]"
+            )
+        self.count = int(row[0])
+        return self
+
+    def _affine(self) -> tuple[np.ndarray, np.ndarray, float, float]:
+        lo, hi = self.feature_range
+        return np.zeros(1), np.full(1, self.max_value), lo, hi - lo
+
+    def transform(self, df: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        self._require_fitted()
+        _, _, offset, factor = self._affine()
+        scale = factor / self.max_value
+
+        def f(v: Column) -> Column:
+            return (v.cast("double") * F.lit(scale) + F.lit(offset)).cast("float")
+
+        return df.withColumn(self.column, F.transform(F.col(self.column), f))
+
+    def apply_numpy(self, x: np.ndarray) -> np.ndarray:
+        self._require_fitted()
+        _, _, offset, factor = self._affine()
+        scale = factor / self.max_value
+        return (np.asarray(x, np.float64) * scale + offset).astype(np.float32)
+
+    def to_config(self) -> dict[str, Any]:
+        return {
+            "class_name": self.class_name, "column": self.column, "count": self.count,
+            "max_value": self.max_value, "feature_range": list(self.feature_range),
+        }
+
+    @classmethod
+    def _from_config(cls, config: dict[str, Any]) -> ImageScaler:
+        out = cls(config.get("column", "features"), float(config.get("max_value", 255.0)),
+                  tuple(config.get("feature_range", (0.0, 1.0))))  # type: ignore[arg-type]
+        out.count = int(config.get("count", 1))
+        return out
+
+
 NORMALIZERS: dict[str, type[Normalizer]] = {
     "standardize": StandardizeNormalizer,
     "minmax": MinMaxNormalizer,
+    "image": ImageScaler,
 }
 
 
 def get_normalizer(name: str, **kwargs: Any) -> Normalizer:
-    """A new, unfitted normalizer by short name (``standardize``, ``minmax``)."""
+    """A new, unfitted normalizer by short name (``standardize``, ``minmax``, ``image``)."""
     cls = NORMALIZERS.get(name)
     if cls is None:
         raise ConfigurationError(

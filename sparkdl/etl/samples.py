@@ -37,3 +37,32 @@ DIGITS_CLASSES = [str(i) for i in range(10)]
 DIGITS_SHAPE = [8, 8, 1]
 IRIS_CLASSES = ["setosa", "versicolor", "virginica"]
 IRIS_SHAPE = [4]
+
+
+def digits_28x28(n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-like images from scikit-learn's digits: 8x8 upscaled 3x (nearest) and padded by 2
+    to 28x28, values 0..255 as uint8; labels uint8."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = data.images[:n] if n else data.images
+    big = np.kron(x, np.ones((3, 3))) * (255.0 / 16.0)
+    images = np.pad(big, ((0, 0), (2, 2), (2, 2))).round().astype(np.uint8)
+    return images, data.target[: len(images)].astype(np.uint8)
+
+
+def write_mnist_sample(root: str, n_train: int = 1400, n_test: int = 397, *,
+                       gz: bool = False) -> str:
+    """The four MNIST IDX files (MNIST's names) of :func:`digits_28x28` in local dir ``root``."""
+    import os
+
+    from sparkdl.etl.readers.idx import write_idx
+
+    os.makedirs(root, exist_ok=True)
+    x, y = digits_28x28(n_train + n_test)
+    sfx = ".gz" if gz else ""
+    write_idx(os.path.join(root, f"train-images-idx3-ubyte{sfx}"), x[:n_train])
+    write_idx(os.path.join(root, f"train-labels-idx1-ubyte{sfx}"), y[:n_train])
+    write_idx(os.path.join(root, f"t10k-images-idx3-ubyte{sfx}"), x[n_train:])
+    write_idx(os.path.join(root, f"t10k-labels-idx1-ubyte{sfx}"), y[n_train:])
+    return root

@@ -67,7 +67,8 @@ def test_minmax(small) -> None:
 
 
 def test_normalizer_errors(spark) -> None:
-    with pytest.raises(ConfigurationError, match="unknown normalizer 'zscore'; known: minmax"):
+    with pytest.raises(ConfigurationError,
+                       match="unknown normalizer 'zscore'; known: image, minmax, standardize"):
         get_normalizer("zscore")
     with pytest.raises(ConfigurationError, match="not fitted"):
         StandardizeNormalizer().apply_numpy(np.zeros((2, 3)))
@@ -93,9 +94,9 @@ def test_split_deterministic(spark) -> None:
 def test_digits_pipeline(spark, tmp_path: Path) -> None:
     from pipelines import get_pipeline
 
-    with pytest.raises(ConfigurationError, match="unknown pipeline 'mnist'; known pipelines: "
-                                                 "digits"):
-        get_pipeline("mnist")
+    with pytest.raises(ConfigurationError, match="unknown pipeline 'petastorm'; known "
+                                                 "pipelines: csv, digits, images, iris, mnist"):
+        get_pipeline("petastorm")
     out_dir = f"file://{tmp_path}/digits"
     result = get_pipeline("digits")(spark, out_dir, num_files=4)
     assert result["train"] == f"{out_dir}/train" and result["test"] == f"{out_dir}/test"

@@ -51,9 +51,42 @@ def test_round_trip() -> None:
 
 
 def test_read_metadata(tmp_path: Path) -> None:
-    d = _shard_dir(tmp_path)
-    assert read_metadata(str(d)) == _meta()
-    assert read_metadata(f"file://{d}") == _meta()
+    d = _shard_dir(tmp_path)  # placeholder (empty) files: only the listing is checked
+    assert read_metadata(str(d), verify=False) == _meta()
+    assert read_metadata(f"file://{d}", verify=False) == _meta()
+    with pytest.raises(DataError, match=r"part-00000\.parquet is not a readable Parquet file"):
+        read_metadata(str(d))
+
+
+def test_class_index_mapping(tmp_path: Path) -> None:
+    meta = _meta()
+    data = json.loads(meta.to_json())
+    assert meta.class_index == data["class_index"] == {"a": 0, "b": 1, "c": 2}
+    data["class_index"] = {"a": 1, "b": 0, "c": 2}
+    with pytest.raises(DataError, match=r"'class_index' .* does not match 'classes'"):
+        ShardMetadata.from_json(json.dumps(data))
+
+
+def test_hdfs_without_libhdfs_is_one_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv("ARROW_LIBHDFS_DIR", "/nonexistent")
+    monkeypatch.delenv("HADOOP_HOME", raising=False)
+    with pytest.raises(DataError, match=r"hdfs:// needs libhdfs"):
+        read_metadata("hdfs://namenode:8020/data/train")
+
+
+def test_fsspec_filesystem(tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    from sparkdl.data.metadata import resolve
+
+    mem = fsspec.filesystem("memory")
+    meta = _meta(files=[], num_rows=0)
+    mem.pipe("/sparkdl-test/train/_sparkdl.json", meta.to_json().encode())
+    try:
+        fs, _ = resolve("memory://sparkdl-test/train")
+        assert type(fs).__name__ == "PyFileSystem"
+        assert read_metadata("memory://sparkdl-test/train") == meta
+    finally:
+        mem.rm("/sparkdl-test", recursive=True)
 
 
 def test_missing_directory(tmp_path: Path) -> None:
