@@ -1,10 +1,11 @@
 """Training checkpoints: written atomically by rank 0, read by every worker on resume.
 
 A checkpoint is a directory ``ckpt-<global step>`` under the job's checkpoint URI holding
-``model.keras`` (weights and optimizer state) and ``state.json`` (position, history, the
-threshold algorithm's current state, the run id). It is written under a temporary name and
-renamed when complete, so a worker killed mid-write leaves no checkpoint that looks whole.
-Any filesystem pyarrow reaches works (local, HDFS, fsspec), as for shards.
+``model.keras`` (weights and rank 0's optimizer state), ``state.json`` (position, history,
+the threshold algorithm's current state, the run id) and, where workers hold state of their
+own (sharing: the residual and each worker's optimizer state), ``workers/rank-N``. It is
+written under a temporary name and renamed when complete, so a worker killed mid-write leaves
+no checkpoint that looks whole. Any filesystem pyarrow reaches works (local, HDFS, fsspec).
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ class Checkpoint:
     state: TrainingState
     model_bytes: bytes
 
+    def worker_state(self, store: CheckpointStore, rank: int) -> bytes | None:
+        """This rank's own saved state (residual, optimizer state), if the checkpoint has it."""
+        name = f"{self.path.rsplit('/', 1)[1]}/workers/rank-{rank:05d}"
+        return store._read(name) if store._exists(name) else None
+
 
 class CheckpointStore:
     """The checkpoints of one training run under a URI."""
@@ -116,12 +122,25 @@ class CheckpointStore:
 
     # Writing -----------------------------------------------------------------------------
 
+    def save_worker_state(self, run_id: str, global_step: int, rank: int, data: bytes) -> None:
+        """Stage one rank's own state for the checkpoint at ``global_step`` (every rank calls
+        this before rank 0 calls :meth:`save`, which moves the staged states in)."""
+        staging = self._staging(run_id, global_step)
+        self.fs.create_dir(f"{self.root}/{staging}", recursive=True)
+        self._write_bytes(f"{staging}/rank-{rank:05d}", data)
+
+    def _staging(self, run_id: str, global_step: int) -> str:
+        return f".workers-{global_step:010d}.tmp-{run_id[:12]}"
+
     def save(self, state: TrainingState, model_bytes: bytes, keep: int = 2) -> str:
         """Write a checkpoint atomically; keep only the newest ``keep``."""
         name = f"ckpt-{state.global_step:010d}"
         tmp = f".{name}.tmp-{uuid.uuid4().hex[:8]}"
         self.fs.create_dir(f"{self.root}/{tmp}", recursive=True)
         try:
+            staging = self._staging(state.run_id, state.global_step)
+            if self._exists(staging):
+                self.fs.move(f"{self.root}/{staging}", f"{self.root}/{tmp}/workers")
             self._write_bytes(f"{tmp}/{MODEL_FILE}", model_bytes)
             self._write_bytes(f"{tmp}/{STATE_FILE}", json.dumps(asdict(state)).encode())
             if self._exists(name):

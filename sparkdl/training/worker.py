@@ -12,7 +12,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from sparkdl.comm.communicator import Communicator
+from sparkdl.errors import TrainingError
+from sparkdl.training.variables import FlatVariables
 
 log = logging.getLogger("sparkdl.training")
 
@@ -72,7 +76,6 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
     started_at = time.time()
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import ShardReader
-    from sparkdl.errors import TrainingError
     from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore, TrainingState
     from sparkdl.training.loop import run_loop
     from sparkdl.training.masters import master_from_config
@@ -105,8 +108,18 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
         model, comm, job_id=spec.job_id, classification=classification
     )
     _restore_exchange_state(exchange, start.exchange_state)
+    compressor = getattr(exchange, "compressor", None)
+    if resumed and compressor is not None:
+        saved = resumed.worker_state(store, comm.rank)
+        if saved is None:
+            log.warning("worker %d resumes without its residual (none was saved)", comm.rank)
+        else:
+            _restore_worker_state(exchange, saved)
 
     def on_checkpoint(global_step: int, epoch: int, step: int, history: list) -> None:
+        if compressor is not None:  # every rank stages its own state, then rank 0 publishes
+            store.save_worker_state(run_id, global_step, comm.rank, _worker_state(exchange))
+            comm.barrier()
         if comm.rank != 0:
             return
         state = TrainingState(run_id, global_step, epoch, step, list(history),
@@ -167,14 +180,44 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
 
 
 def _exchange_state(exchange: Any) -> dict[str, Any]:
-    """What a resumed exchange needs beyond the model: the adaptive threshold's τ.
-
-    Residuals are not kept: a resumed sharing run drops the residue that had not reached τ
-    (at most τ per element), which costs about as much as a few steps of small updates.
-    """
+    """What a resumed exchange needs beyond the model and the residuals (saved per rank
+    beside the checkpoint): the adaptive threshold's τ."""
     threshold = getattr(getattr(exchange, "compressor", None), "threshold", None)
     tau = getattr(threshold, "tau", None)
     return {"tau": float(tau)} if tau is not None else {}
+
+
+def _worker_state(exchange: Any) -> bytes:
+    """A sharing worker's own state: its residual and its optimizer's float variables (each
+    worker's optimizer sees only its own gradients, so these differ between workers)."""
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        residual=np.ascontiguousarray(exchange.compressor.residual, dtype=np.float32),
+        optimizer=FlatVariables(exchange.model.optimizer.variables).read(),
+    )
+    return buffer.getvalue()
+
+
+def _restore_worker_state(exchange: Any, data: bytes) -> None:
+    import io
+
+    with np.load(io.BytesIO(data), allow_pickle=False) as saved:
+        residual, optimizer = saved["residual"], saved["optimizer"]
+    compressor = exchange.compressor
+    if residual.shape != (compressor.num_elements,):
+        raise TrainingError(
+            f"checkpointed residual has {residual.size} elements, "
+            f"the model {compressor.num_elements}"
+        )
+    setter = getattr(compressor, "set_residual", None)
+    if setter is not None:
+        setter(residual)
+    else:
+        compressor.residual[:] = residual
+    FlatVariables(exchange.model.optimizer.variables).assign(optimizer)
 
 
 def _restore_exchange_state(exchange: Any, state: dict[str, Any]) -> None:

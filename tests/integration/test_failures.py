@@ -235,18 +235,25 @@ def test_non_finite_loss_stops_training_naming_epoch_and_step(spark, digits_shar
         np.testing.assert_array_equal(a, b)
 
 
-def test_resume_continues_a_fit_that_was_stopped(spark, digits_shards, make_mlp, tmp_path):
-    ckpt = (tmp_path / "ckpt").as_uri()
+def test_resume_continues_a_fit_exactly(spark, digits_shards, make_mlp, tmp_path):
+    """2 epochs, stop, resume to 4 == 4 epochs uninterrupted, bit for bit: the checkpoint
+    holds weights, position, threshold τ and every rank's residual and optimizer state."""
     tm = SharedTrainingMaster(num_workers=2)
-    first = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
-    first.fit(digits_shards["train"], epochs=2, checkpoint_dir=ckpt)
+    whole = SparkModel(spark, make_mlp([8, 8, 1], 10), tm).fit(digits_shards["train"], epochs=4)
+
+    ckpt = (tmp_path / "ckpt").as_uri()
+    SparkModel(spark, make_mlp([8, 8, 1], 10), tm).fit(
+        digits_shards["train"], epochs=2, checkpoint_dir=ckpt
+    )
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*"))  # written
+    assert list((tmp_path / "ckpt").glob("ckpt-*/workers/rank-00001"))
     resumed = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
     fit = resumed.fit(digits_shards["train"], epochs=4, checkpoint_dir=ckpt, resume=True)
     per_epoch = fit.metrics["steps_per_epoch"]
     assert fit.metrics["resumed_from"].endswith(f"ckpt-{2 * per_epoch:010d}")
     assert fit.metrics["steps"] == 4 * per_epoch
     assert len(fit.history["loss"]) == 4
+    assert fit.workers[0]["checksum"] == whole.workers[0]["checksum"]
     # without resume, the same directory starts over
     fresh = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
     again = fresh.fit(digits_shards["train"], epochs=1, checkpoint_dir=ckpt)
