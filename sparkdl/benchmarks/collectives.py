@@ -1,4 +1,5 @@
-"""Collectives benchmark: our TCP ring against a one-stream loopback socket copy of the same
+"""Collectives benchmark: our ring (TCP control, shared-memory payload between ranks on the
+same host; also timed with shared memory off) against a one-stream loopback socket copy of the same
 bytes (the transport's limit) and TensorFlow's MultiWorkerMirroredStrategy all_reduce (the
 peer), all alternated in one run on persistent local worker processes."""
 
@@ -29,14 +30,16 @@ ALLGATHER_REPS = 200
 # Worker processes --------------------------------------------------------------------------
 
 
-def _ring_worker(conn: Any, rank: int, world: int, address: str, secret: bytes, key: str) -> None:
+def _ring_worker(
+    conn: Any, rank: int, world: int, address: str, secret: bytes, key: str, shm: bool = True
+) -> None:
     from sparkdl.comm import connect_ring, store_exchange
 
     try:
         exchange = store_exchange(address, rank, world, key=key, secret=secret, timeout_s=60)
-        comm = connect_ring(rank, world, exchange, secret=secret, timeout_s=60)
+        comm = connect_ring(rank, world, exchange, secret=secret, timeout_s=60, shared_memory=shm)
         arrays = {n: np.full(n // 4, rank + 1, np.float32) for n in ALLREDUCE_SIZES.values()}
-        conn.send(("ready", None))
+        conn.send(("ready", all(comm.shared_memory)))
         while True:
             cmd = conn.recv()
             if cmd[0] == "stop":
@@ -235,6 +238,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 [(r, world, store.address, secret, f"ring-{world}") for r in range(world)],
             )
             groups.append(rings[world])
+        tcp_only = _Group(
+            "tcp-2w-no-shm",
+            fork,
+            _ring_worker,
+            [(r, 2, store.address, secret, "ring-2-tcp", False) for r in range(2)],
+        )
+        groups.append(tcp_only)
         recv_port = _free_ports(1)[0]
         receiver = _Group("socket-recv", fork, _socket_worker, [("recv", recv_port)])
         groups.append(receiver)
@@ -243,8 +253,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         sender = _Group("socket-send", fork, _socket_worker, [("send", recv_port)])
         groups.append(sender)
         sender.ready(30)
-        for g in rings.values():
-            g.ready(60)
+        for world, g in rings.items():
+            result[f"ring_shared_memory_{world}w"] = all(g.ready(60))
+        tcp_only.ready(60)
         tf_group = None
         if with_tf:
             try:
@@ -269,6 +280,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             candidates = {
                 f"tcp_allreduce_{label}_2w": lambda n=nbytes: rings[2].call("allreduce", n),
                 f"tcp_allreduce_{label}_4w": lambda n=nbytes: rings[4].call("allreduce", n),
+                f"tcp_noshm_allreduce_{label}_2w": lambda n=nbytes: tcp_only.call("allreduce", n),
                 f"socket_copy_{label}": lambda n=nbytes: copy(n),
             }
             if tf_group is not None:
@@ -278,12 +290,11 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             owners = {
                 f"tcp_allreduce_{label}_2w": [rings[2]],
                 f"tcp_allreduce_{label}_4w": [rings[4]],
+                f"tcp_noshm_allreduce_{label}_2w": [tcp_only],
                 f"socket_copy_{label}": [sender, receiver],
                 f"tf_allreduce_{label}_2w": [tf_group],
             }
-            candidates = {
-                name: _alone(fn, owners[name], groups) for name, fn in candidates.items()
-            }
+            candidates = {name: _alone(fn, owners[name], groups) for name, fn in candidates.items()}
             times = alternate(candidates, repeats=repeats, warmup=1)
             for g in groups:
                 g.resume()
@@ -291,15 +302,17 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             sock_t = times[f"socket_copy_{label}"]
             ours2 = times[f"tcp_allreduce_{label}_2w"]
             ours4 = times[f"tcp_allreduce_{label}_4w"]
+            plain2 = times[f"tcp_noshm_allreduce_{label}_2w"]
             tf_t = times.get(f"tf_allreduce_{label}_2w")
             result[f"allreduce_vs_socket_{label}_2w"] = sock_t / ours2
             result[f"allreduce_vs_socket_{label}_4w"] = sock_t / ours4
+            result[f"allreduce_noshm_vs_socket_{label}_2w"] = sock_t / plain2
             if tf_t is not None:
                 result[f"allreduce_speedup_vs_tf_{label}_2w"] = tf_t / ours2
             gbps = nbytes / 1e9
             rows.append(
                 (
-                    f"allreduce {label} 2 workers (tcp ring)",
+                    f"allreduce {label} 2 workers (ring, shm)",
                     ours2 * 1e3,
                     gbps / ours2,
                     sock_t / ours2,
@@ -307,10 +320,18 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             )
             rows.append(
                 (
-                    f"allreduce {label} 4 workers (tcp ring)",
+                    f"allreduce {label} 4 workers (ring, shm)",
                     ours4 * 1e3,
                     gbps / ours4,
                     sock_t / ours4,
+                )
+            )
+            rows.append(
+                (
+                    f"allreduce {label} 2 workers (ring, shm off)",
+                    plain2 * 1e3,
+                    gbps / plain2,
+                    sock_t / plain2,
                 )
             )
             rows.append(
@@ -336,9 +357,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             )
             for label, n in ALLGATHER_SIZES.items()
         }
-        ag_candidates = {
-            name: _alone(fn, [rings[4]], groups) for name, fn in ag_candidates.items()
-        }
+        ag_candidates = {name: _alone(fn, [rings[4]], groups) for name, fn in ag_candidates.items()}
         ag_times = alternate(ag_candidates, repeats=repeats, warmup=1)
         for g in groups:
             g.resume()
@@ -346,7 +365,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             per_op = ag_times[f"allgather_{label}_4w"] / ALLGATHER_REPS
             result["cases_s"][f"allgather_{label}_4w"] = per_op
             result[f"allgather_{label}_ms_4w"] = per_op * 1e3
-            rows.append((f"allgather {label} x 4 workers (tcp ring)", per_op * 1e3, "", ""))
+            rows.append((f"allgather {label} x 4 workers (ring)", per_op * 1e3, "", ""))
 
         print_table(
             f"collectives (median of {repeats}, alternated; ratio = socket-copy time / time)",
@@ -355,7 +374,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         )
         if tf_group is not None:
             print(
-                f"allreduce 4 MB, 2 workers: tcp ring is "
+                f"allreduce 4 MB, 2 workers: ring is "
                 f"{result['allreduce_speedup_vs_tf_4mb_2w']:.1f}x faster than TF MWMS",
                 flush=True,
             )

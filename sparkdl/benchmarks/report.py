@@ -12,18 +12,23 @@ def alternate(
     repeats: int = 7,
     warmup: int = 1,
 ) -> dict[str, float]:
-    """Time each candidate ``repeats`` times, interleaved (A B A B ...), after ``warmup``
-    untimed rounds; return the median seconds per candidate.
+    """Time each candidate ``repeats`` times, interleaved (A B C, B C A, C A B, ...), after
+    ``warmup`` untimed rounds; return the median seconds per candidate.
 
     Interleaving spreads the noise of a shared machine evenly over all candidates, so their
-    ratio is meaningful even when absolute times are not.
+    ratio is meaningful even when absolute times are not; rotating the order each round
+    keeps any one candidate from always running right after another (whose after-effects,
+    such as background threads still winding down, would otherwise land on it alone).
     """
     for _ in range(warmup):
         for fn in candidates.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(repeats):
-        for name, fn in candidates.items():
+    names = list(candidates)
+    for round_index in range(repeats):
+        shift = round_index % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            fn = candidates[name]
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)

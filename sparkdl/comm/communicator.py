@@ -11,7 +11,9 @@ import numpy as np
 
 @dataclass
 class TrafficCounters:
-    """Bytes this rank put on and took off the wire (payload plus framing)."""
+    """Bytes this rank put on and took off the wire (payload plus framing). Payload that the
+    TCP ring moves through same-host shared memory counts as if it had crossed the wire, so
+    figures compare across hosts and with shared memory switched off."""
 
     bytes_sent: int = 0
     bytes_received: int = 0

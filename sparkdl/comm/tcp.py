@@ -7,12 +7,21 @@ with ``poll``, so sending and receiving proceed concurrently and large buffers n
 Every frame carries a 16-byte header (magic, op, step, sequence number, length), so ranks that
 call collectives in a different order fail with :class:`CommunicationError` instead of mixing
 data.
+
+Between ranks on the same host (see :mod:`sparkdl.comm._shm`) large payloads travel through a
+shared-memory ring of slots instead of the socket: the frame header still goes over TCP with
+the ``_SHM_FLAG`` bit set in its op, followed by one small notice per filled slot; the receiver
+consumes each slot in place (adding it straight into the output during reduce-scatter) and
+returns a one-byte credit on the same connection. Every wait is therefore still a wait on a
+socket, bounded by the same inactivity timeout, and a dead peer is still seen as a closed
+connection. Payload bytes moved through shared memory count in :class:`TrafficCounters` as if
+they had been sent on the wire (plus the notices and credits that really are), so traffic
+metrics are comparable with and without it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import select
 import socket
@@ -24,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sparkdl.comm import _auth
+from sparkdl.comm import _auth, _shm
 from sparkdl.comm.communicator import Communicator, TrafficCounters
 from sparkdl.errors import CommunicationError, ConfigurationError
 
@@ -38,12 +47,22 @@ _OP_ALLGATHER = 3
 _OP_BROADCAST = 4
 _OP_NAMES = {1: "allreduce(float32)", 2: "allreduce(float64)", 3: "allgather", 4: "broadcast"}
 _DTYPE_OPS = {np.dtype(np.float32): _OP_ALLREDUCE_F32, np.dtype(np.float64): _OP_ALLREDUCE_F64}
+_SHM_FLAG = 0x80  # in a header's op: the payload follows as shared-memory notices
+_NOTE = struct.Struct("<BBHI")  # magic, 0, slot number (low 16 bits), payload bytes in the slot
+_NOTE_MAGIC = 0xC5
+_ACK = 0xA5  # one byte back per consumed slot
 
 SOCKET_BUFFER_BYTES = 4 << 20
 """SO_SNDBUF / SO_RCVBUF requested for ring sockets (the kernel may cap it)."""
 REDUCE_BLOCK_BYTES = 256 << 10
 """Received data is reduced and forwarded in blocks of this size (pipelining)."""
 MAX_MESSAGE_BYTES = 1 << 36
+SHM_SLOTS = 3
+"""Slots in each same-host shared-memory link (credits the sender may run ahead by)."""
+SHM_SLOT_BYTES = 2 << 20
+"""Bytes per shared-memory slot (a multiple of the page size)."""
+SHM_MIN_BYTES = 32 << 10
+"""Payloads shorter than this go over the socket even on a shared-memory link (latency)."""
 _MAX_IOV = 64
 _RING_CTX = b"sparkdl-ring-v1:"
 
@@ -58,10 +77,22 @@ class _Peer:
         return f"rank {self.rank} ({self.host}:{self.port})"
 
 
+class _ShmData:
+    """Payload queued for the shared-memory link (bytes not yet copied into a slot)."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+
+_Out = deque[memoryview | _ShmData]
+
+
 class _RecvStep:
     """One framed message expected from the previous rank."""
 
-    __slots__ = ("length", "on_data", "on_done", "on_header", "step", "target")
+    __slots__ = ("length", "on_data", "on_done", "on_header", "on_shm", "step", "target")
 
     def __init__(
         self,
@@ -71,6 +102,7 @@ class _RecvStep:
         on_header: Callable[[int], None] | None = None,
         on_data: Callable[[memoryview, int, int], None] | None = None,
         on_done: Callable[[], None] | None = None,
+        on_shm: Callable[[np.ndarray, int, int], None] | None = None,
     ) -> None:
         self.step = step
         self.length = length  # None: any length (taken from the header)
@@ -78,6 +110,9 @@ class _RecvStep:
         self.on_header = on_header
         self.on_data = on_data
         self.on_done = on_done
+        # Consumes payload bytes [lo, hi) straight from a shared-memory slot; when None they
+        # are copied into the target and on_data is called.
+        self.on_shm = on_shm
 
 
 def _header(op: int, step: int, seq: int, length: int) -> memoryview:
@@ -91,8 +126,13 @@ def _tune(sock: socket.socket) -> None:
 
 
 class TcpRingCommunicator(Communicator):
-    """Collectives over a ring of authenticated TCP connections; build with
-    :func:`connect_ring`."""
+    """Collectives over a ring of authenticated TCP connections, with shared memory for the
+    payload of same-host links; build with :func:`connect_ring`."""
+
+    shm_min_bytes: int = SHM_MIN_BYTES
+    """Payloads at least this long use the shared-memory link to the next rank, if any."""
+    shm_chunk_bytes: int = SHM_SLOT_BYTES
+    """At most this many payload bytes per slot (and notice); at most the slot size."""
 
     def __init__(
         self,
@@ -105,6 +145,8 @@ class TcpRingCommunicator(Communicator):
         *,
         timeout_s: float,
         counters: TrafficCounters | None = None,
+        rx_shm: _shm.ShmLink | None = None,
+        tx_shm: _shm.ShmLink | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -114,6 +156,9 @@ class TcpRingCommunicator(Communicator):
         self._next = next_sock
         self._prev_peer = prev_peer
         self._next_peer = next_peer
+        self._rx = rx_shm  # shared memory on the link prev -> me
+        self._tx = tx_shm  # shared memory on the link me -> next
+        self._acks_owed = 0  # credits for consumed slots not yet returned to prev
         self._seq = 0
         self._broken: str | None = None
         self._closed = False
@@ -127,8 +172,14 @@ class TcpRingCommunicator(Communicator):
     def __repr__(self) -> str:
         return (
             f"TcpRingCommunicator(rank={self.rank}, world_size={self.world_size}, "
-            f"prev={self._prev_peer}, next={self._next_peer})"
+            f"prev={self._prev_peer}, next={self._next_peer}, "
+            f"shm_in={self._rx is not None}, shm_out={self._tx is not None})"
         )
+
+    @property
+    def shared_memory(self) -> tuple[bool, bool]:
+        """Whether the links (prev -> me, me -> next) use shared memory."""
+        return self._rx is not None, self._tx is not None
 
     # Public collectives ---------------------------------------------------------------------
 
@@ -155,9 +206,8 @@ class TcpRingCommunicator(Communicator):
         seq = self._begin()
         msgs: list[bytes | bytearray | memoryview] = [b""] * n
         msgs[r] = data
-        sendq: deque[memoryview] = deque([_header(_OP_ALLGATHER, 0, seq, len(data))])
-        if len(data):
-            sendq.append(data)
+        sendq: _Out = deque()
+        self._send_frame(sendq, _OP_ALLGATHER, 0, seq, data)
         steps = []
         for k in range(n - 1):
             source = (r - k - 1) % n
@@ -175,15 +225,13 @@ class TcpRingCommunicator(Communicator):
         if n == 1:
             return bytes(memoryview(message).cast("B"))  # type: ignore[arg-type]
         seq = self._begin()
+        sendq: _Out = deque()
         if r == root:
             data = memoryview(message).cast("B")  # type: ignore[arg-type]
-            sendq = deque([_header(_OP_BROADCAST, 0, seq, len(data))])
-            if len(data):
-                sendq.append(data)
+            self._send_frame(sendq, _OP_BROADCAST, 0, seq, data)
             self._pump("broadcast", _OP_BROADCAST, seq, sendq, [])
             return bytes(data)
         result: list[bytes | bytearray | memoryview] = [b""]
-        sendq = deque()
         forward = (r + 1) % n != root
         step = self._gather_step(0, 0, result, sendq, seq, forward, op=_OP_BROADCAST)
         self._pump("broadcast", _OP_BROADCAST, seq, sendq, [step])
@@ -197,6 +245,22 @@ class TcpRingCommunicator(Communicator):
             return
         self._closed = True
         self._close_sockets()
+        for link in (self._rx, self._tx):
+            if link is not None:
+                link.close()
+
+    # Framing --------------------------------------------------------------------------------
+
+    def _header(self, sendq: _Out, op: int, step: int, seq: int, length: int) -> bool:
+        """Queue a frame header; returns whether its payload goes through shared memory."""
+        shm = self._tx is not None and length > 0 and length >= self.shm_min_bytes
+        sendq.append(_header(op | _SHM_FLAG if shm else op, step, seq, length))
+        return shm
+
+    def _send_frame(self, sendq: _Out, op: int, step: int, seq: int, data: memoryview) -> None:
+        shm = self._header(sendq, op, step, seq, len(data))
+        if len(data):
+            sendq.append(_ShmData(data) if shm else data)
 
     # Ring algorithms ------------------------------------------------------------------------
 
@@ -205,7 +269,7 @@ class TcpRingCommunicator(Communicator):
         k: int,
         slot: int,
         msgs: list[bytes | bytearray | memoryview],
-        sendq: deque[memoryview],
+        sendq: _Out,
         seq: int,
         forward: bool,
         op: int = _OP_ALLGATHER,
@@ -218,14 +282,15 @@ class TcpRingCommunicator(Communicator):
             return memoryview(buf)
 
         next_step = k if op == _OP_BROADCAST else k + 1
+        via_shm = [False]
 
         def on_header(length: int) -> None:
             if forward:
-                sendq.append(_header(op, next_step, seq, length))
+                via_shm[0] = self._header(sendq, op, next_step, seq, length)
 
         def on_data(view: memoryview, lo: int, hi: int) -> None:
             if forward:
-                sendq.append(view[lo:hi])
+                sendq.append(_ShmData(view[lo:hi]) if via_shm[0] else view[lo:hi])
 
         return _RecvStep(k, None, target, on_header, on_data)
 
@@ -233,7 +298,8 @@ class TcpRingCommunicator(Communicator):
         """Reduce-scatter then allgather, fully pipelined in one stream of ``2(n-1)`` framed
         chunks. Chunk ``c`` is summed in the fixed order c, c+1, ... around the ring, then its
         final bytes circulate, so every rank ends with identical bits. Partial sums are
-        received straight into the output and our own contribution added in place."""
+        received straight into the output (or added straight from shared memory into it) and
+        our own contribution added in place."""
         n, r = self.world_size, self.rank
         out = np.empty_like(src)
         isz = src.itemsize
@@ -247,9 +313,13 @@ class TcpRingCommunicator(Communicator):
         seq = self._begin()
         last = 2 * n - 3
         own = memoryview(mine[r].view(np.uint8))
-        sendq: deque[memoryview] = deque([_header(code, 0, seq, len(own))])
-        if len(own):
-            sendq.append(own)
+        sendq: _Out = deque()
+        self._send_frame(sendq, code, 0, seq, own)
+        via_shm = [False] * (last + 2)  # whether frame k goes out through shared memory
+
+        def emit(k: int, view: memoryview) -> None:
+            sendq.append(_ShmData(view) if via_shm[k] else view)
+
         steps = []
         for k in range(last + 1):
             c = (r - k - 1) % n
@@ -257,18 +327,18 @@ class TcpRingCommunicator(Communicator):
 
             def on_header(length: int, k: int = k, nbytes: int = nbytes) -> None:
                 if k + 1 <= last:
-                    sendq.append(_header(code, k + 1, seq, nbytes))
+                    via_shm[k + 1] = self._header(sendq, code, k + 1, seq, nbytes)
 
             if k < n - 1:
                 # Reduce-scatter: the partial sum of chunk c arrives; add ours; pass it on.
                 done = [0]
 
-                def reduce(upto: int, c: int = c, done: list[int] = done) -> None:
+                def reduce(upto: int, c: int = c, done: list[int] = done, k: int = k) -> None:
                     a = done[0]
                     if upto > a:
                         dst = chunks[c][a:upto]
                         np.add(dst, mine[c][a:upto], out=dst)
-                        sendq.append(braw[c][a * isz : upto * isz])
+                        emit(k + 1, braw[c][a * isz : upto * isz])
                         done[0] = upto
 
                 def on_data(
@@ -285,14 +355,34 @@ class TcpRingCommunicator(Communicator):
                 def on_done(reduce: Callable[[int], None] = reduce, c: int = c) -> None:
                     reduce(len(chunks[c]))
 
+                def add_shm(
+                    part: np.ndarray,
+                    lo: int,
+                    hi: int,
+                    c: int = c,
+                    k: int = k,
+                    done: list[int] = done,
+                ) -> None:
+                    if (hi - lo) % isz:
+                        raise CommunicationError(
+                            f"{self._prev_peer} is out of step: a shared-memory chunk of "
+                            f"{hi - lo} bytes is not a whole number of {src.dtype} items"
+                        )
+                    a, b = lo // isz, hi // isz
+                    np.add(part.view(src.dtype), mine[c][a:b], out=chunks[c][a:b])
+                    emit(k + 1, braw[c][lo:hi])
+                    done[0] = b
+
                 steps.append(
-                    _RecvStep(k, nbytes, lambda _n, c=c: braw[c], on_header, on_data, on_done)
+                    _RecvStep(
+                        k, nbytes, lambda _n, c=c: braw[c], on_header, on_data, on_done, add_shm
+                    )
                 )
             else:
                 # Allgather: the final chunk c arrives straight into the result; pass it on.
                 def fwd(view: memoryview, lo: int, hi: int, k: int = k) -> None:
                     if k + 1 <= last:
-                        sendq.append(view[lo:hi])
+                        emit(k + 1, view[lo:hi])
 
                 steps.append(_RecvStep(k, nbytes, lambda _n, c=c: braw[c], on_header, fwd))
         self._pump(_OP_NAMES[code], code, seq, sendq, steps)
@@ -324,12 +414,78 @@ class TcpRingCommunicator(Communicator):
                 with contextlib.suppress(OSError):
                     sock.close()
 
+    def _fill_slot(self, sendq: _Out) -> int:
+        """Copy queued shared-memory payload at the head of ``sendq`` into the next free slot
+        and put its notice in its place; returns the payload bytes moved (0 if no credit)."""
+        link = self._tx
+        assert link is not None
+        if link.credits <= 0:
+            return 0
+        base = link.offset(link.index)
+        cap = min(self.shm_chunk_bytes, link.slot_bytes)
+        dst = link.view
+        filled = 0
+        while sendq and filled < cap:
+            item = sendq[0]
+            if type(item) is not _ShmData:
+                break
+            piece = item.view
+            take = min(len(piece), cap - filled)
+            dst[base + filled : base + filled + take] = piece[:take]
+            filled += take
+            if take == len(piece):
+                sendq.popleft()
+            else:
+                item.view = piece[take:]
+        sendq.appendleft(memoryview(_NOTE.pack(_NOTE_MAGIC, 0, link.index & 0xFFFF, filled)))
+        link.index += 1
+        link.credits -= 1
+        return filled
+
+    def _take_credits(self, opname: str) -> bool:
+        """Read returned slot credits from the next rank (non-blocking)."""
+        link, nxt = self._tx, self._next
+        assert link is not None and nxt is not None
+        try:
+            data = nxt.recv(256)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise ConnectionError(
+                f"receiving from {self._next_peer} failed during {opname}: {exc}"
+            ) from exc
+        if not data:
+            raise ConnectionError(
+                f"{self._next_peer} closed the connection during {opname} (it failed or exited)"
+            )
+        if data.count(_ACK) != len(data) or link.credits + len(data) > link.slots:
+            raise CommunicationError(
+                f"{self._next_peer} is out of step: unexpected shared-memory credits"
+            )
+        self.counters.bytes_received += len(data)
+        link.credits += len(data)
+        return True
+
+    def _return_credits(self, opname: str) -> None:
+        prev = self._prev
+        assert prev is not None
+        try:
+            sent = prev.send(bytes([_ACK]) * self._acks_owed)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            raise ConnectionError(
+                f"sending to {self._prev_peer} failed during {opname}: {exc}"
+            ) from exc
+        self._acks_owed -= sent
+        self.counters.bytes_sent += sent
+
     def _pump(
         self,
         opname: str,
         op: int,
         seq: int,
-        sendq: deque[memoryview],
+        sendq: _Out,
         steps: list[_RecvStep],
     ) -> None:
         """Send everything in ``sendq`` (which callbacks may extend) to the next rank while
@@ -338,12 +494,17 @@ class TcpRingCommunicator(Communicator):
         assert prev is not None and nxt is not None
         counters = self.counters
         timeout = self.timeout_s
+        rx, tx = self._rx, self._tx
         hdr = bytearray(_HDR.size)
         hview = memoryview(hdr)
+        note = bytearray(_NOTE.size)
+        nview = memoryview(note)
         nsteps = len(steps)
         si = 0
         in_header = True
+        shm_step = False  # the current step's payload comes as shared-memory notices
         got = 0  # header bytes, then payload bytes, received for the current step
+        ngot = 0  # bytes of the current notice received
         body: memoryview | None = None
         blen = 0
         if nsteps and steps[0].length is not None:
@@ -355,40 +516,66 @@ class TcpRingCommunicator(Communicator):
         try:
             while True:
                 progressed = False
+                waiting_credit = False
                 if sendq:
-                    try:
-                        if len(sendq) == 1:
-                            sent = nxt.send(sendq[0])
+                    if type(sendq[0]) is _ShmData:
+                        if tx.credits == 0:  # type: ignore[union-attr]
+                            self._take_credits(opname)
+                        moved = self._fill_slot(sendq)
+                        if moved:
+                            counters.bytes_sent += moved
+                            progressed = True
+                            last_send = monotonic()
                         else:
-                            sent = nxt.sendmsg(list(itertools.islice(sendq, _MAX_IOV)))
-                    except BlockingIOError:
-                        sent = 0
-                    except OSError as exc:
-                        raise ConnectionError(
-                            f"sending to {self._next_peer} failed during {opname}: {exc}"
-                        ) from exc
-                    if sent:
-                        counters.bytes_sent += sent
-                        while sent:
-                            head = sendq[0]
-                            if sent >= len(head):
-                                sent -= len(head)
-                                sendq.popleft()
-                            else:
-                                sendq[0] = head[sent:]
-                                sent = 0
+                            waiting_credit = True
+                    if not waiting_credit:
+                        iov: list[memoryview] = []
+                        for item in sendq:
+                            if type(item) is _ShmData or len(iov) == _MAX_IOV:
+                                break
+                            iov.append(item)  # type: ignore[arg-type]
+                        try:
+                            sent = nxt.send(iov[0]) if len(iov) == 1 else nxt.sendmsg(iov)
+                        except BlockingIOError:
+                            sent = 0
+                        except OSError as exc:
+                            raise ConnectionError(
+                                f"sending to {self._next_peer} failed during {opname}: {exc}"
+                            ) from exc
+                        if sent:
+                            counters.bytes_sent += sent
+                            while sent:
+                                head = sendq[0]
+                                if sent >= len(head):  # type: ignore[arg-type]
+                                    sent -= len(head)  # type: ignore[arg-type]
+                                    sendq.popleft()
+                                else:
+                                    sendq[0] = head[sent:]  # type: ignore[index]
+                                    sent = 0
+                            progressed = True
+                            last_send = monotonic()
+                elif tx is not None and tx.credits < tx.slots:
+                    # Done sending: wait for every slot to be consumed, so that no credit is
+                    # left unread on the socket (closing it would then reset the connection).
+                    if self._take_credits(opname):
                         progressed = True
                         last_send = monotonic()
+                    else:
+                        waiting_credit = True
                 else:
                     last_send = monotonic()
+                if self._acks_owed:
+                    self._return_credits(opname)
                 if si < nsteps:
                     step = steps[si]
                     try:
                         if in_header:
-                            if body is not None and blen:
+                            if body is not None and blen and rx is None:
                                 k = prev.recvmsg_into([hview[got:], body])[0]
                             else:
                                 k = prev.recv_into(hview[got:])
+                        elif shm_step:
+                            k = prev.recv_into(nview[ngot:])
                         else:
                             assert body is not None
                             k = prev.recv_into(body[got:])
@@ -407,34 +594,54 @@ class TcpRingCommunicator(Communicator):
                         counters.bytes_received += k
                         progressed = True
                         last_recv = monotonic()
-                        got += k
-                        if in_header and got >= _HDR.size:
-                            extra = got - _HDR.size
-                            blen = self._check_header(hdr, opname, op, seq, step)
-                            if body is None:
-                                body = step.target(blen)
-                            in_header = False
-                            got = extra
-                            if step.on_header is not None:
-                                step.on_header(blen)
-                            if extra and step.on_data is not None:
-                                step.on_data(body, 0, extra)
-                        elif not in_header and step.on_data is not None:
-                            step.on_data(body, got - k, got)  # type: ignore[arg-type]
+                        if in_header:
+                            got += k
+                            if got >= _HDR.size:
+                                extra = got - _HDR.size
+                                blen, shm_step = self._check_header(hdr, opname, op, seq, step)
+                                if body is None:
+                                    body = step.target(blen)
+                                in_header = False
+                                got = extra
+                                if step.on_header is not None:
+                                    step.on_header(blen)
+                                if extra and step.on_data is not None:
+                                    step.on_data(body, 0, extra)
+                        elif shm_step:
+                            ngot += k
+                            if ngot == _NOTE.size:
+                                ngot = 0
+                                n = self._consume_slot(note, opname, step, body, got, blen)
+                                got += n
+                                counters.bytes_received += n
+                        else:
+                            got += k
+                            if step.on_data is not None:
+                                step.on_data(body, got - k, got)  # type: ignore[arg-type]
                     if not in_header and got == blen:
                         if step.on_done is not None:
                             step.on_done()
                         si += 1
-                        in_header, got, body, blen = True, 0, None, 0
+                        in_header, got, body, blen, shm_step = True, 0, None, 0, False
                         if si < nsteps and steps[si].length is not None:
                             blen = steps[si].length  # type: ignore[assignment]
                             body = steps[si].target(blen)
                         progressed = True
-                if si >= nsteps and not sendq:
-                    return
+                if si >= nsteps and not sendq and not self._acks_owed and not waiting_credit:
+                    if tx is None or tx.credits == tx.slots:
+                        return
+                    continue
                 if progressed:
                     continue
-                self._wait(opname, si < nsteps, bool(sendq), last_recv, last_send, timeout)
+                self._wait(
+                    opname,
+                    si < nsteps,
+                    bool(sendq) and not waiting_credit,
+                    waiting_credit,
+                    last_recv,
+                    last_send,
+                    timeout,
+                )
         except CommunicationError as exc:
             raise self._fail(str(exc).removeprefix(f"rank {self.rank}: ")) from None
         except ConnectionError as exc:
@@ -444,11 +651,46 @@ class TcpRingCommunicator(Communicator):
                 f"socket error during {opname} with {self._prev_peer} / {self._next_peer}: {exc}"
             ) from exc
 
+    def _consume_slot(
+        self,
+        note: bytearray,
+        opname: str,
+        step: _RecvStep,
+        body: memoryview | None,
+        got: int,
+        blen: int,
+    ) -> int:
+        """Hand the payload of the slot named by ``note`` to ``step``; owe a credit back."""
+        link = self._rx
+        assert link is not None and body is not None
+        magic, _, slot, n = _NOTE.unpack(note)
+        if (
+            magic != _NOTE_MAGIC
+            or slot != link.index & 0xFFFF
+            or not 0 < n <= min(link.slot_bytes, blen - got)
+        ):
+            raise CommunicationError(
+                f"{self._prev_peer} is out of step: bad shared-memory notice (slot {slot}, "
+                f"{n} bytes) during {opname} step {step.step}"
+            )
+        base = link.offset(link.index)
+        part = link.array[base : base + n]
+        if step.on_shm is not None:
+            step.on_shm(part, got, got + n)
+        else:
+            body[got : got + n] = part  # type: ignore[assignment]
+            if step.on_data is not None:
+                step.on_data(body, got, got + n)
+        link.index += 1
+        self._acks_owed += 1
+        return n
+
     def _wait(
         self,
         opname: str,
         want_recv: bool,
         want_send: bool,
+        want_credit: bool,
         last_recv: float,
         last_send: float,
         timeout: float,
@@ -456,21 +698,28 @@ class TcpRingCommunicator(Communicator):
         assert self._poller is not None and self._prev is not None and self._next is not None
         now = time.monotonic()
         limits = []
-        if want_recv:
+        if want_recv or self._acks_owed:
             limits.append(last_recv + timeout)
-        if want_send:
+        if want_send or want_credit:
             limits.append(last_send + timeout)
-        remaining = min(limits) - now
+        remaining = min(limits) - now if limits else timeout
         if remaining <= 0:
-            if want_recv and now >= last_recv + timeout:
+            if (want_recv or self._acks_owed) and now >= last_recv + timeout:
+                what = "sent nothing" if want_recv else "accepted no data"
                 raise CommunicationError(
-                    f"{self._prev_peer} sent nothing for {timeout:.1f} s during {opname}"
+                    f"{self._prev_peer} {what} for {timeout:.1f} s during {opname}"
                 )
             raise CommunicationError(
                 f"{self._next_peer} accepted no data for {timeout:.1f} s during {opname}"
             )
-        self._set_mask(self._prev.fileno(), select.POLLIN if want_recv else 0)
-        self._set_mask(self._next.fileno(), select.POLLOUT if want_send else 0)
+        self._set_mask(
+            self._prev.fileno(),
+            (select.POLLIN if want_recv else 0) | (select.POLLOUT if self._acks_owed else 0),
+        )
+        self._set_mask(
+            self._next.fileno(),
+            (select.POLLOUT if want_send else 0) | (select.POLLIN if want_credit else 0),
+        )
         self._poller.poll(max(1, int(remaining * 1000) + 1))
 
     def _set_mask(self, fd: int, mask: int) -> None:
@@ -484,8 +733,12 @@ class TcpRingCommunicator(Communicator):
             self._poller.modify(fd, mask)
         self._masks[fd] = mask
 
-    def _check_header(self, hdr: bytearray, opname: str, op: int, seq: int, step: _RecvStep) -> int:
+    def _check_header(
+        self, hdr: bytearray, opname: str, op: int, seq: int, step: _RecvStep
+    ) -> tuple[int, bool]:
         magic, got_op, got_step, got_seq, length = _HDR.unpack(hdr)
+        shm = bool(got_op & _SHM_FLAG)
+        got_op &= ~_SHM_FLAG
         want_len = step.length
         if (
             magic != _MAGIC
@@ -494,6 +747,7 @@ class TcpRingCommunicator(Communicator):
             or got_step != step.step & 0xFFFF
             or (want_len is not None and length != want_len)
             or length > MAX_MESSAGE_BYTES
+            or (shm and (self._rx is None or length == 0))
         ):
             if magic != _MAGIC:
                 what = f"a frame with bad magic 0x{magic:02x}"
@@ -502,6 +756,8 @@ class TcpRingCommunicator(Communicator):
                     f"{_OP_NAMES.get(got_op, f'op {got_op}')} seq {got_seq} step {got_step} "
                     f"of {length} bytes"
                 )
+                if shm:
+                    what += " in shared memory"
             expected = f"{opname} seq {seq} step {step.step}"
             if want_len is not None:
                 expected += f" of {want_len} bytes"
@@ -509,7 +765,7 @@ class TcpRingCommunicator(Communicator):
                 f"{self._prev_peer} is out of step: expected {expected}, received {what} "
                 "(ranks called collectives in a different order or with different sizes)"
             )
-        return int(length)
+        return int(length), shm
 
 
 # Ring formation -----------------------------------------------------------------------------
@@ -525,8 +781,12 @@ class _Acceptor:
         ctx: bytes,
         expected: tuple[int, int],
         deadline: float,
+        shared_memory: bool = False,
     ) -> None:
         self._listener = listener
+        self._shared_memory = shared_memory
+        self.shm: _shm.ShmLink | None = None
+        self.handshake_bytes = (0, 0)  # shared-memory negotiation bytes (sent, received)
         self._secret = secret
         self._ctx = ctx
         self._expected = expected
@@ -534,6 +794,7 @@ class _Acceptor:
         self._lock = threading.Lock()
         self._pending: set[socket.socket] = set()
         self._result: socket.socket | None = None
+        self._claimed = False
         self._done = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="sparkdl-ring-accept", daemon=True)
@@ -571,10 +832,26 @@ class _Acceptor:
                     f"{self._expected[0]} of {self._expected[1]}"
                 )
             with self._lock:
+                if self._result is not None or self._stopped or self._claimed:
+                    return
+                self._claimed = True  # one authenticated peer goes on to negotiate
+            try:
+                link, sent, received = _shm.negotiate_acceptor(
+                    conn, self._shared_memory, SHM_SLOTS, SHM_SLOT_BYTES, self._deadline
+                )
+            except BaseException:
+                with self._lock:
+                    self._claimed = False
+                raise
+            with self._lock:
                 if self._result is None and not self._stopped:
                     self._result = conn
+                    self.shm = link
+                    self.handshake_bytes = (sent, received)
                     ok = True
                     self._done.set()
+                elif link is not None:
+                    link.close()
         except (OSError, CommunicationError) as exc:
             log.warning(
                 "ring: rejected connection from %s:%s: %s", addr[0], addr[1], exc or type(exc)
@@ -633,8 +910,17 @@ def _parse_hostport(text: str, rank: int) -> tuple[str, int]:
 
 
 def _connect(
-    host: str, port: int, peer_rank: int, rank: int, world: int, secret: bytes, deadline: float
-) -> socket.socket:
+    host: str,
+    port: int,
+    peer_rank: int,
+    rank: int,
+    world: int,
+    secret: bytes,
+    deadline: float,
+    shared_memory: bool = False,
+) -> tuple[socket.socket, _shm.ShmLink | None, int, int]:
+    """Connect to and authenticate with the next rank, then negotiate shared memory; returns
+    (socket, link or None, negotiation bytes sent, received)."""
     delay = 0.01
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     while True:
@@ -663,12 +949,15 @@ def _connect(
         try:
             ctx = _RING_CTX + str(peer_rank).encode()
             _auth.authenticate_connector(sock, secret, ctx, rank, world, deadline)
+            link, sent, received = _shm.negotiate_connector(
+                sock, shared_memory, SHM_SLOTS, SHM_SLOT_BYTES, deadline
+            )
         except (OSError, CommunicationError) as exc:
             sock.close()
             raise CommunicationError(
                 f"rank {rank}: handshake with rank {peer_rank} ({host}:{port}) failed: {exc}"
             ) from exc
-        return sock
+        return sock, link, sent, received
 
 
 def connect_ring(
@@ -681,9 +970,14 @@ def connect_ring(
     bind_host: str = "127.0.0.1",
     advertise_host: str | None = None,
     port_range: tuple[int, int] | None = None,
+    shared_memory: bool = True,
 ) -> TcpRingCommunicator:
     """Form the ring: listen, publish ``host:port`` through ``exchange``, connect to the next
-    rank and accept the previous one, each connection authenticated with ``secret``."""
+    rank and accept the previous one, each connection authenticated with ``secret``.
+
+    With ``shared_memory`` (and unless the environment sets ``SPARKDL_SHM=0``), neighbours
+    that prove they share a host move large payloads through shared memory; the sockets stay
+    the control channel (see :mod:`sparkdl.comm._shm`)."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigurationError(
             f"rank/world_size: expected 0 <= rank < world_size, got {rank}/{world_size}"
@@ -700,11 +994,18 @@ def connect_ring(
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostbyname(socket.gethostname())
     prev_rank, next_rank = (rank - 1) % world_size, (rank + 1) % world_size
+    use_shm = _shm.enabled(shared_memory)
     acceptor = _Acceptor(
-        listener, secret, _RING_CTX + str(rank).encode(), (prev_rank, world_size), deadline
+        listener,
+        secret,
+        _RING_CTX + str(rank).encode(),
+        (prev_rank, world_size),
+        deadline,
+        shared_memory=use_shm,
     )
     acceptor.start()
     next_sock: socket.socket | None = None
+    tx_shm: _shm.ShmLink | None = None
     try:
         try:
             addresses = exchange(f"{host}:{port}")
@@ -719,7 +1020,9 @@ def connect_ring(
             )
         nh, np_ = _parse_hostport(addresses[next_rank], next_rank)
         ph, pp = _parse_hostport(addresses[prev_rank], prev_rank)
-        next_sock = _connect(nh, np_, next_rank, rank, world_size, secret, deadline)
+        next_sock, tx_shm, tx_sent, tx_received = _connect(
+            nh, np_, next_rank, rank, world_size, secret, deadline, use_shm
+        )
         prev_sock = acceptor.wait()
         if prev_sock is None:
             raise CommunicationError(
@@ -729,11 +1032,17 @@ def connect_ring(
     except BaseException:
         if next_sock is not None:
             next_sock.close()
+        if tx_shm is not None:
+            tx_shm.close()
         raise
     finally:
         acceptor.stop()
     handshake = _auth.CONNECTOR_REPLY_BYTES + _auth.HANDSHAKE_BYTES_ACCEPTOR
-    counters = TrafficCounters(bytes_sent=handshake, bytes_received=handshake)
+    rx_sent, rx_received = acceptor.handshake_bytes
+    counters = TrafficCounters(
+        bytes_sent=handshake + tx_sent + rx_sent,
+        bytes_received=handshake + tx_received + rx_received,
+    )
     return TcpRingCommunicator(
         rank,
         world_size,
@@ -743,4 +1052,6 @@ def connect_ring(
         _Peer(next_rank, nh, np_),
         timeout_s=timeout_s,
         counters=counters,
+        rx_shm=acceptor.shm,
+        tx_shm=tx_shm,
     )

@@ -14,10 +14,11 @@ import pytest
 from _comm_harness import SECRET, RankGroup, run_ranks, values
 
 from sparkdl.comm import _auth
-from sparkdl.comm.tcp import connect_ring
+from sparkdl.comm.tcp import TcpRingCommunicator, connect_ring
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 LENGTHS = [0, 1, 5, 7, 1001, 65_537]
+PATHS = ["tcp", "shm", "shm-small"]
 
 
 def _inputs(rank: int, length: int, dtype: str) -> np.ndarray:
@@ -25,8 +26,24 @@ def _inputs(rank: int, length: int, dtype: str) -> np.ndarray:
     return rng.standard_normal(length).astype(dtype)
 
 
-def _allreduce_cases(rank: int, world: int, exchange) -> list[tuple[str, bool, bool, str]]:
-    comm = connect_ring(rank, world, exchange, secret=SECRET, timeout_s=15)
+def _ring(rank: int, world: int, exchange, path: str, timeout_s: float = 15) -> TcpRingCommunicator:
+    """``path``: "tcp" (no shared memory), "shm" (defaults) or "shm-small" (every payload in
+    shared memory, in 4 KiB chunks, so slots wrap around many times)."""
+    comm = connect_ring(
+        rank, world, exchange, secret=SECRET, timeout_s=timeout_s, shared_memory=path != "tcp"
+    )
+    expected = path != "tcp" and world > 1
+    assert comm.shared_memory == (expected, expected), (path, comm)
+    if path == "shm-small":
+        comm.shm_min_bytes = 1
+        comm.shm_chunk_bytes = 4096
+    return comm
+
+
+def _allreduce_cases(
+    rank: int, world: int, exchange, path: str = "tcp"
+) -> list[tuple[str, bool, bool, str]]:
+    comm = _ring(rank, world, exchange, path)
     out = []
     for dtype in ("float32", "float64"):
         for length in LENGTHS:
@@ -51,9 +68,10 @@ def _allreduce_cases(rank: int, world: int, exchange) -> list[tuple[str, bool, b
     return out
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
-def test_allreduce_matches_numpy_and_is_bit_identical(world: int) -> None:
-    results = values(run_ranks(_allreduce_cases, world, timeout=60))
+def test_allreduce_matches_numpy_and_is_bit_identical(world: int, path: str) -> None:
+    results = values(run_ranks(_allreduce_cases, world, args=(path,), timeout=60))
     for rank_result in results:
         for case, ok, exact, _ in rank_result:
             assert ok, f"world {world} case {case}: wrong sum/mean or input modified"
@@ -62,8 +80,8 @@ def test_allreduce_matches_numpy_and_is_bit_identical(world: int) -> None:
     assert len(digests) == 1, "ranks got different bits"
 
 
-def _gather_cases(rank: int, world: int, exchange) -> dict:
-    comm = connect_ring(rank, world, exchange, secret=SECRET, timeout_s=15)
+def _gather_cases(rank: int, world: int, exchange, path: str = "tcp") -> dict:
+    comm = _ring(rank, world, exchange, path)
     small = comm.allgather(bytes([65 + rank]) * (rank * 3))  # rank 0 sends b""
     big = comm.allgather(np.full(300_000 + rank, rank, np.uint8).tobytes())
     root = world - 1
@@ -84,9 +102,10 @@ def _gather_cases(rank: int, world: int, exchange) -> dict:
     }
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("world", [2, 4])
-def test_allgather_broadcast_barrier(world: int) -> None:
-    results = values(run_ranks(_gather_cases, world, timeout=60))
+def test_allgather_broadcast_barrier(world: int, path: str) -> None:
+    results = values(run_ranks(_gather_cases, world, args=(path,), timeout=60))
     for res in results:
         assert res["small"] == [bytes([65 + r]) * (r * 3) for r in range(world)]
         assert res["big"] == [(300_000 + r, {r}) for r in range(world)]
