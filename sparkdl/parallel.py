@@ -16,7 +16,6 @@ from typing import Any
 from sparkdl.comm import create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.data.metadata import read_metadata
-from sparkdl.data.reader import plan_slices
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.training.masters import TrainingMaster
 from sparkdl.training.summary import FitResult, summarize_fit
@@ -47,25 +46,17 @@ class ParallelWrapper:
 
     def fit(self, data_uri: str, epochs: int = 1, *, shuffle: bool = True) -> FitResult:
         """Train on a shard directory; the trained model replaces :attr:`model`."""
-        from sparkdl.training.serialization import model_from_bytes, model_to_bytes
-        from sparkdl.training.worker import WorkerSpec
+        from sparkdl.training.serialization import model_from_bytes
+        from sparkdl.training.worker import make_worker_spec
 
         tm = self.training_master
         metadata = read_metadata(data_uri)
-        slices, steps_per_epoch = plan_slices(metadata, tm.num_workers, tm.batch_size_per_worker)
-        spec = WorkerSpec(
-            model_bytes=model_to_bytes(self.model),
-            master_config=tm.get_config(),
-            data_uri=data_uri,
-            metadata_json=metadata.to_json(),
-            slices=slices,
-            steps_per_epoch=steps_per_epoch,
-            epochs=epochs,
-            job_id=secrets.randbits(63),
-            custom_objects=self.custom_objects,
-            threads=self.threads_per_worker,
+        spec = make_worker_spec(
+            self.model, tm, data_uri, metadata, epochs=epochs,
+            custom_objects=self.custom_objects, threads=self.threads_per_worker,
             shuffle=shuffle,
         )
+        steps_per_epoch = spec.steps_per_epoch
         secret = secrets.token_bytes(32)
         context = mp.get_context("spawn")
         results_queue = context.Queue()

@@ -75,9 +75,8 @@ class SparkModel:
         steps) and a retried stage continues from the latest checkpoint instead of starting
         over; ``resume=True`` continues an earlier fit that was killed as a whole.
         """
-        from sparkdl.data.reader import plan_slices
-        from sparkdl.training.serialization import model_from_bytes, model_to_bytes
-        from sparkdl.training.worker import WorkerSpec
+        from sparkdl.training.serialization import model_from_bytes
+        from sparkdl.training.worker import make_worker_spec
 
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ConfigurationError(f"epochs must be a positive integer, got {epochs!r}")
@@ -93,21 +92,12 @@ class SparkModel:
             policy = CheckpointPolicy(checkpoint_dir, checkpoint_every, checkpoint_unit)
             run_id = CheckpointStore(checkpoint_dir).start_run(resume)
             checkpoint = {**vars(policy), "run_id": run_id}
-        slices, steps_per_epoch = plan_slices(metadata, tm.num_workers, tm.batch_size_per_worker)
-        spec = WorkerSpec(
-            model_bytes=model_to_bytes(self.model),
-            master_config=tm.get_config(),
-            data_uri=data_uri,
-            metadata_json=metadata.to_json(),
-            slices=slices,
-            steps_per_epoch=steps_per_epoch,
-            epochs=epochs,
-            job_id=secrets.randbits(63),
-            custom_objects=self.custom_objects,
-            threads=self._task_cpus(),
-            shuffle=shuffle,
+        spec = make_worker_spec(
+            self.model, tm, data_uri, metadata, epochs=epochs,
+            custom_objects=self.custom_objects, threads=self._task_cpus(), shuffle=shuffle,
             checkpoint=checkpoint,
         )
+        steps_per_epoch = spec.steps_per_epoch
         log.info(
             "fit: %s, %d workers x batch %d, %d steps/epoch, %d epochs, transport %s",
             tm, tm.num_workers, tm.batch_size_per_worker, steps_per_epoch, epochs,

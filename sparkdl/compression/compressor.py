@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparkdl.compression.encoding import Encoding, decode_into, threshold_encode
+from sparkdl.compression.encoding import EncodedUpdate, Encoding, decode_into, threshold_encode
 from sparkdl.compression.threshold import ResidualClipping, ShakeUp, ThresholdAlgorithm
 from sparkdl.compression.wire import pack_frame, unpack_frame
 from sparkdl.errors import CommunicationError, ConfigurationError
@@ -125,10 +125,16 @@ class ThresholdCompressor:
             bound = np.float32(self.clipping.factor) * np.float32(tau)
             if np.isfinite(bound):
                 np.clip(self.residual, -bound, bound, out=self.residual)
+        return self._finish_frame(encoded, step, shake, started)
+
+    def _finish_frame(
+        self, encoded: EncodedUpdate, step: int, shake: bool, started: float
+    ) -> tuple[bytes, EncodingStats]:
+        """Feed the threshold algorithm, frame the message, and measure (shared by every
+        encoder: a shake-up step's sparsity does not steer the threshold)."""
         if not shake:
             self.threshold.observe(encoded.nnz, self.num_elements)
         frame = pack_frame(encoded, job_id=self.job_id, rank=self.rank, step=step)
-        elapsed = time.perf_counter() - started
         stats = EncodingStats(
             step=step,
             tau=encoded.tau,
@@ -137,7 +143,7 @@ class ThresholdCompressor:
             sparsity=encoded.nnz / self.num_elements if self.num_elements else 0.0,
             encoding="sparse" if encoded.encoding is Encoding.SPARSE else "bitmap",
             bytes_encoded=len(frame),
-            encode_seconds=elapsed,
+            encode_seconds=time.perf_counter() - started,
             shake_up=shake,
         )
         return frame, stats

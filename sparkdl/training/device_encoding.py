@@ -43,7 +43,6 @@ from sparkdl.compression.threshold import (
     TargetSparsityThreshold,
     ThresholdAlgorithm,
 )
-from sparkdl.compression.wire import pack_frame
 from sparkdl.errors import ConfigurationError
 
 __all__ = ["DeviceThresholdCompressor", "variable_device", "variables_on_gpu"]
@@ -286,19 +285,4 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         else:
             payload = entries.numpy().astype("<i4", copy=False).tobytes() if nnz else b""
             encoded = EncodedUpdate(Encoding.SPARSE, self.num_elements, float(t), nnz, payload)
-        if not shake:
-            self.threshold.observe(encoded.nnz, self.num_elements)
-        frame = pack_frame(encoded, job_id=self.job_id, rank=self.rank, step=step)
-        elapsed = time.perf_counter() - started
-        stats = EncodingStats(
-            step=step,
-            tau=encoded.tau,
-            nnz=encoded.nnz,
-            num_elements=self.num_elements,
-            sparsity=encoded.nnz / self.num_elements if self.num_elements else 0.0,
-            encoding="sparse" if encoded.encoding is Encoding.SPARSE else "bitmap",
-            bytes_encoded=len(frame),
-            encode_seconds=elapsed,
-            shake_up=shake,
-        )
-        return frame, stats
+        return self._finish_frame(encoded, step, shake, started)

@@ -40,6 +40,43 @@ class WorkerSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def make_worker_spec(
+    model: Any,
+    master: Any,
+    data_uri: str,
+    metadata: Any,
+    *,
+    epochs: int,
+    custom_objects: dict[str, Any] | None,
+    threads: int,
+    shuffle: bool,
+    checkpoint: dict[str, Any] | None = None,
+) -> WorkerSpec:
+    """Plan every worker's slice of the shards and package the model for the workers."""
+    import secrets
+
+    from sparkdl.data.reader import plan_slices
+    from sparkdl.training.serialization import model_to_bytes
+
+    slices, steps_per_epoch = plan_slices(
+        metadata, master.num_workers, master.batch_size_per_worker
+    )
+    return WorkerSpec(
+        model_bytes=model_to_bytes(model),
+        master_config=master.get_config(),
+        data_uri=data_uri,
+        metadata_json=metadata.to_json(),
+        slices=slices,
+        steps_per_epoch=steps_per_epoch,
+        epochs=epochs,
+        job_id=secrets.randbits(63),
+        custom_objects=custom_objects,
+        threads=threads,
+        shuffle=shuffle,
+        checkpoint=checkpoint,
+    )
+
+
 def configure_tensorflow(threads: int, gpu_addresses: list[str] | None = None) -> None:
     """Pin TensorFlow to the cores and GPUs this task was given.
 
