@@ -77,6 +77,9 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
     num_outputs = metadata.num_classes if metadata.label_kind == "class" else int(
         max(1, _prod(metadata.label_shape))
     )
+    import keras
+
+    keras.utils.set_random_seed(config.training.seed)  # same seed, same initial weights
     model = build_model(config.model, metadata.feature_shape, num_outputs)
     spark_model = SparkModel(
         spark, model, master_from_training_config(config.training), cluster=config.cluster

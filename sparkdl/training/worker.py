@@ -56,11 +56,15 @@ def make_worker_spec(
     import secrets
 
     from sparkdl.data.reader import plan_slices
+    from sparkdl.errors import DataError
     from sparkdl.training.serialization import model_to_bytes
 
-    slices, steps_per_epoch = plan_slices(
-        metadata, master.num_workers, master.batch_size_per_worker
-    )
+    try:
+        slices, steps_per_epoch = plan_slices(
+            metadata, master.num_workers, master.batch_size_per_worker
+        )
+    except DataError as exc:
+        raise DataError(f"{data_uri}: {exc}") from None
     return WorkerSpec(
         model_bytes=model_to_bytes(model),
         master_config=master.get_config(),

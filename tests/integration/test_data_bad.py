@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -64,8 +65,9 @@ def test_fewer_rows_than_workers_times_batch(spark, tmp_path: Path, make_mlp) ->
     uri = _shards(spark, tmp_path, n=40, rows_per_group=10)
     tm = SharedTrainingMaster(batch_size_per_worker=32, num_workers=2)
     model = SparkModel(spark, make_mlp(SHAPE, 2), tm)
-    with pytest.raises(DataError, match=r"steps_per_epoch would be 0: 40 rows over 2 workers .*"
-                                        r"\(need at least num_workers x batch_size = 64 rows"):
+    expected = (re.escape(uri) + r": steps_per_epoch would be 0: 40 rows over 2 workers .*"
+                r"\(need at least num_workers x batch_size = 64 rows")
+    with pytest.raises(DataError, match=expected):
         model.fit(uri)
 
 
