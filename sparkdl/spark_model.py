@@ -139,9 +139,9 @@ class SparkModel:
         except Exception as exc:
             failures = attempts.read()
             detail = "; ".join(failures) if failures else _root_cause(exc)
+            attempt_count = len({line.split(",")[0] for line in failures}) or 1
             raise TrainingError(
-                f"the training stage failed ({len(failures) or 1} failed task attempt(s)): "
-                f"{detail}"
+                f"the training stage failed ({attempt_count} attempt(s)): {detail}"
             ) from exc
         finally:
             sc.setJobDescription(None)
@@ -302,7 +302,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
         result = run_worker(spec, comm)
     except BaseException as exc:
         AttemptLog(attempts_uri).record(
-            context.stageAttemptNumber(), rank, infos[rank].address, exc
+            context.taskAttemptId(), rank, infos[rank].address, exc
         )
         raise
     finally:
@@ -337,30 +337,40 @@ class AttemptLog:
         tmp = tempfile.mkdtemp(prefix="sparkdl-attempts-")
         return cls(f"file://{tmp}", owned_dir=tmp)
 
-    def record(self, attempt: int, rank: int, executor: str, exc: BaseException) -> None:
+    def record(self, task_id: int, rank: int, executor: str, exc: BaseException) -> None:
+        """Record one failed task. A barrier stage attempt launches all its tasks at once,
+        with consecutive task ids in partition order, so ``task_id - rank`` names the stage
+        attempt (pyspark exposes no stage attempt number to Python)."""
         from sparkdl.data.metadata import resolve
 
-        message = f"attempt {attempt}, rank {rank} on {executor}: {type(exc).__name__}: {exc}"
-        with contextlib.suppress(Exception):
+        message = f"rank {rank} on {executor}: {type(exc).__name__}: {exc}"
+        try:
             fs, root = resolve(self.uri)
             fs.create_dir(root, recursive=True)
-            with fs.open_output_stream(f"{root}/attempt-{attempt:03d}-rank-{rank:04d}") as f:
+            with fs.open_output_stream(f"{root}/{task_id - rank:012d}-{rank:05d}") as f:
                 f.write(message.encode()[:4000])
+        except Exception as error:  # the task's own failure matters more than this record
+            log.warning("could not record a failed task in %s: %s", self.uri, error)
 
     def read(self) -> list[str]:
+        """One line per failed task: ``attempt K, rank R on HOST: Error: message``."""
         import pyarrow.fs as pafs
 
         from sparkdl.data.metadata import resolve
 
-        with contextlib.suppress(Exception):
+        try:
             fs, root = resolve(self.uri)
             infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-            lines = []
+            records = []
             for info in sorted(infos, key=lambda i: i.base_name):
                 with fs.open_input_stream(info.path) as f:
-                    lines.append(f.read().decode(errors="replace"))
-            return lines
-        return []
+                    text = f.read().decode(errors="replace")
+                records.append((info.base_name.split("-")[0], text))
+        except Exception as error:
+            log.warning("could not read the failed tasks in %s: %s", self.uri, error)
+            return []
+        attempts = {key: index for index, key in enumerate(dict.fromkeys(k for k, _ in records))}
+        return [f"attempt {attempts[key]}, {text}" for key, text in records]
 
     def close(self) -> None:
         import shutil

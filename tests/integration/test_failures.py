@@ -115,7 +115,7 @@ def first_checkpoint(out: Path) -> None:
     wait_for(lambda: list((out / "ckpt").glob("ckpt-*")), 240, "the first checkpoint")
 
 
-def test_accuracy(out: Path, test_uri: str) -> float:
+def measure_accuracy(out: Path, test_uri: str) -> float:
     import keras
 
     from sparkdl.data.reader import read_all
@@ -133,7 +133,7 @@ def reference(tmp_path_factory, digits_shards):
     proc, out, log = start_train(tmp, data_dir, "ref")
     code, text = finish(proc, out, log)
     assert code == 0, text[-3000:]
-    return {"data_dir": data_dir, "accuracy": test_accuracy(out, digits_shards["test"])}
+    return {"data_dir": data_dir, "accuracy": measure_accuracy(out, digits_shards["test"])}
 
 
 def _check_recovered(out: Path, code: int, text: str, reference, digits_shards, hurt_at: float):
@@ -143,7 +143,7 @@ def _check_recovered(out: Path, code: int, text: str, reference, digits_shards, 
     assert "resumed from checkpoint" in text and metrics["resumed_from"] in text
     assert metrics["steps"] == EPOCHS * metrics["steps_per_epoch"]
     assert metrics["replicas_identical"] is True
-    accuracy = test_accuracy(out, digits_shards["test"])
+    accuracy = measure_accuracy(out, digits_shards["test"])
     assert abs(accuracy - reference["accuracy"]) <= 0.01, (accuracy, reference["accuracy"])
     recovery = metrics["attempt_started_at"] - hurt_at
     print(f"recovered in {recovery:.1f} s; accuracy {accuracy:.4f} vs "
