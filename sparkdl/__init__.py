@@ -25,6 +25,7 @@ _LAZY = {
     "ParameterAveragingTrainingMaster": "sparkdl.training.masters",
     "DenseTrainingMaster": "sparkdl.training.masters",
     "Evaluation": "sparkdl.evaluation",
+    "ParallelWrapper": "sparkdl.parallel",
     "FixedThreshold": "sparkdl.compression.threshold",
     "AdaptiveThreshold": "sparkdl.compression.threshold",
     "TargetSparsityThreshold": "sparkdl.compression.threshold",

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import ClusterConfig
-from sparkdl.data.metadata import ShardMetadata, read_metadata
+from sparkdl.data.metadata import read_metadata
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.evaluation import Evaluation
 from sparkdl.training.masters import TrainingMaster
@@ -407,4 +407,4 @@ def _join(uri: str, relative: str) -> str:
     return uri.rstrip("/") + "/" + relative
 
 
-__all__ = ["FitResult", "ShardMetadata", "SparkModel"]
+__all__ = ["FitResult", "SparkModel"]
