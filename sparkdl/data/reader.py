@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -294,7 +295,10 @@ class _Producer(threading.Thread):
         super().__init__(name=f"sparkdl-shard-reader-{reader.worker_slice.worker}", daemon=True)
         self.reader = reader
         self.pieces = pieces
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, reader.prefetch))
+        # reads in flight count towards the prefetch bound (row groups held ahead of use)
+        self.queue: queue.Queue[Any] = queue.Queue(
+            maxsize=max(1, reader.prefetch - reader.decode_threads + 1)
+        )
         self.stop_event = threading.Event()
 
     def _put(self, item: Any) -> bool:
@@ -307,23 +311,41 @@ class _Producer(threading.Thread):
         return False
 
     def run(self) -> None:
+        """Decode row groups on ``reader.decode_threads`` threads (pyarrow releases the GIL
+        while decoding), keep at most that many reads in flight, and queue the results in
+        order."""
+        in_flight: deque[Future[Any]] = deque()
+        pieces = iter(self.pieces)
+        threads = self.reader.decode_threads
         try:
-            for path, index in self.pieces:
-                if self.stop_event.is_set():
-                    return
-                handle = self.reader._open(path)
-                self.reader.stats.acquire()
+            with ThreadPoolExecutor(threads, thread_name_prefix=self.name) as pool:
+
+                def submit_next() -> None:
+                    piece = next(pieces, None)
+                    if piece is not None:
+                        self.reader.stats.acquire()
+                        in_flight.append(pool.submit(self._read, *piece))
+
+                for _ in range(threads):
+                    submit_next()
                 try:
-                    chunk = handle.read_group(index)
-                except BaseException:
-                    self.reader.stats.release(1)
-                    raise
-                if not self._put(chunk):
-                    self.reader.stats.release(1)
-                    return
+                    while in_flight:
+                        chunk = in_flight[0].result()
+                        in_flight.popleft()
+                        if self.stop_event.is_set() or not self._put(chunk):
+                            self.reader.stats.release(1)
+                            return
+                        submit_next()
+                finally:
+                    for future in in_flight:  # stopped or failed: drop what is still coming
+                        future.cancel()
+                    self.reader.stats.release(len(in_flight))
             self._put(_DONE)
         except BaseException as exc:  # handed to the consumer, re-raised there
             self._put(exc)
+
+    def _read(self, path: str, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.reader._open(path).read_group(index)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stop_event.set()
@@ -344,7 +366,7 @@ class ShardReader:
 
     Use as a context manager (or call :meth:`close`) so the prefetch thread stops when the
     consumer stops early. Each file's schema and row groups are checked against the metadata
-    when it is opened; at most ``max_open_files`` files stay open.
+    when it is opened; at most ``max_open_files`` files stay open per decoding thread.
     """
 
     def __init__(
@@ -361,6 +383,7 @@ class ShardReader:
         shuffle_window: int = 2,
         read_timeout: float = 600.0,
         max_open_files: int = 16,
+        decode_threads: int = 2,
     ) -> None:
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
@@ -386,21 +409,29 @@ class ShardReader:
         self.shuffle_window = shuffle_window
         self.read_timeout = read_timeout
         self.max_open_files = max(1, max_open_files)
+        self.decode_threads = max(1, decode_threads)
         self.stats = ReaderStats()
-        self._handles: OrderedDict[str, _ShardFileHandle] = OrderedDict()
+        # Each decoding thread has its own open files (concurrent reads of one ParquetFile
+        # are not guaranteed safe); all of them are closed by close().
+        self._local = threading.local()
+        self._all_handles: list[OrderedDict[str, _ShardFileHandle]] = []
         self._handles_lock = threading.Lock()
         self._producer: _Producer | None = None
 
     def _open(self, path: str) -> _ShardFileHandle:
-        with self._handles_lock:
-            handle = self._handles.get(path)
-            if handle is not None:
-                self._handles.move_to_end(path)
-                return handle
-            while len(self._handles) >= self.max_open_files:  # least recently used first
-                self._handles.popitem(last=False)[1].close()
-            handle = self._handles[path] = _ShardFileHandle(self.uri, path, self.metadata)
+        handles = getattr(self._local, "handles", None)
+        if handles is None:
+            handles = self._local.handles = OrderedDict()
+            with self._handles_lock:
+                self._all_handles.append(handles)
+        handle = handles.get(path)
+        if handle is not None:
+            handles.move_to_end(path)
             return handle
+        while len(handles) >= self.max_open_files:  # least recently used first
+            handles.popitem(last=False)[1].close()
+        handle = handles[path] = _ShardFileHandle(self.uri, path, self.metadata)
+        return handle
 
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng(
@@ -517,9 +548,10 @@ class ShardReader:
         """Stop the prefetch thread and close open files."""
         self._stop_producer()
         with self._handles_lock:
-            for handle in self._handles.values():
-                handle.close()
-            self._handles.clear()
+            for handles in self._all_handles:
+                for handle in handles.values():
+                    handle.close()
+                handles.clear()
 
     def __enter__(self) -> ShardReader:
         return self

@@ -316,3 +316,39 @@ def _is_training(pid: int) -> bool:
     except OSError:
         return False
     return int(stat[11]) + int(stat[12]) - first > 10
+
+
+@pytest.mark.slow
+def test_train_job_resume_flag_continues_a_killed_job(tmp_path, reference):
+    """A job killed as a whole (SIGKILL of the driver) continues with ``--resume``."""
+    proc, out, log = start_train(tmp_path, reference["data_dir"], "whole")
+    first_checkpoint(out)
+    os.kill(proc.pid, signal.SIGKILL)
+    finish(proc, out, log)
+    assert not (out / "model.keras").exists()
+    proc, out2, log = start_train(tmp_path, reference["data_dir"], "whole-resumed",
+                                  "--set", f"training.checkpoint_dir={out / 'ckpt'}", "--resume")
+    code, text = finish(proc, out2, log)
+    assert code == 0, text[-3000:]
+    metrics = json.loads((out2 / "metrics.json").read_text())
+    assert metrics["resumed_from"] and metrics["resumed_from"].startswith((out / "ckpt").as_uri())
+    assert metrics["steps"] == EPOCHS * metrics["steps_per_epoch"]
+
+
+@pytest.mark.slow
+def test_interrupted_driver_leaves_no_workers_sockets_or_temp_dirs(tmp_path, reference):
+    """Ctrl-C on the driver (SIGINT): pyspark cancels the jobs, the job exits, and nothing of
+    the training survives it."""
+    tmp_before = set(Path("/tmp").glob("sparkdl-*"))
+    proc, out, log = start_train(tmp_path, reference["data_dir"], "sigint")
+    first_checkpoint(out)
+    workers = wait_for(lambda: python_workers(proc.pid), 30, "training workers")
+    os.kill(proc.pid, signal.SIGINT)
+    code, _ = finish(proc, out, log, timeout=120)
+    assert code != 0
+    time.sleep(2)
+    alive = [p for p in workers if Path(f"/proc/{p}").exists()]
+    assert not alive, f"training workers survived the driver: {alive}"
+    assert not (out / "model.keras").exists()
+    assert set(Path("/tmp").glob("sparkdl-*")) <= tmp_before
+    assert not list((out / "ckpt").glob(".ckpt-*"))
