@@ -295,9 +295,10 @@ class _Producer(threading.Thread):
         super().__init__(name=f"sparkdl-shard-reader-{reader.worker_slice.worker}", daemon=True)
         self.reader = reader
         self.pieces = pieces
-        # reads in flight count towards the prefetch bound (row groups held ahead of use)
+        # Reads in flight count towards the prefetch bound (row groups held ahead of use).
+        self.threads = max(1, min(reader.decode_threads, reader.prefetch))
         self.queue: queue.Queue[Any] = queue.Queue(
-            maxsize=max(1, reader.prefetch - reader.decode_threads + 1)
+            maxsize=max(1, reader.prefetch - self.threads + 1)
         )
         self.stop_event = threading.Event()
 
@@ -311,12 +312,12 @@ class _Producer(threading.Thread):
         return False
 
     def run(self) -> None:
-        """Decode row groups on ``reader.decode_threads`` threads (pyarrow releases the GIL
-        while decoding), keep at most that many reads in flight, and queue the results in
+        """Decode row groups on up to ``decode_threads`` threads (pyarrow releases the GIL
+        while decoding), at most ``prefetch`` reads in flight, and queue the results in
         order."""
         in_flight: deque[Future[Any]] = deque()
         pieces = iter(self.pieces)
-        threads = self.reader.decode_threads
+        threads = self.threads
         try:
             with ThreadPoolExecutor(threads, thread_name_prefix=self.name) as pool:
 
@@ -379,11 +380,11 @@ class ShardReader:
         *,
         shuffle: bool = True,
         seed: int = 0,
-        prefetch: int = 2,
+        prefetch: int = 3,
         shuffle_window: int = 2,
         read_timeout: float = 600.0,
         max_open_files: int = 16,
-        decode_threads: int = 2,
+        decode_threads: int = 3,
     ) -> None:
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
