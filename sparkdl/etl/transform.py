@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,6 +59,18 @@ class Step:
             raise ConfigurationError(
                 f"transform step {self.op!r}: no column(s) {missing} (columns: {df.columns})"
             )
+
+    def _drop_rows_where(self, df: DataFrame, bad: Callable[[str], Column]) -> DataFrame:
+        """Drop the rows where ``bad(column)`` holds for any of the step's ``columns``
+        (default: every column)."""
+        import operator
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        columns = getattr(self, "columns", None) or df.columns
+        self._need(df, *columns)
+        return df.filter(~reduce(operator.or_, (bad(c) for c in columns), F.lit(False)))
 
 
 def _col(name: str) -> Column:
@@ -143,18 +156,16 @@ class FilterMissing(Step):
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        cols = self.columns or df.columns
-        self._need(df, *cols)
-        bad = F.lit(False)
-        for c in cols:
+        def missing(c: str) -> Column:
             dtype = df.schema[c].dataType
             cond = _col(c).isNull()
             if isinstance(dtype, T.StringType):
                 cond = cond | (F.trim(_col(c)) == "")
             elif isinstance(dtype, T.FractionalType):
                 cond = cond | F.isnan(_col(c))
-            bad = bad | cond
-        return df.filter(~bad)
+            return cond
+
+        return self._drop_rows_where(df, missing)
 
 
 @_register
@@ -168,12 +179,9 @@ class FilterNonFinite(Step):
     def apply(self, df: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
 
-        cols = self.columns or df.columns
-        self._need(df, *cols)
-        bad = F.lit(False)
-        for c in cols:
-            bad = bad | F.coalesce(_non_finite(df, c), F.lit(False))
-        return df.filter(~bad)
+        return self._drop_rows_where(
+            df, lambda c: F.coalesce(_non_finite(df, c), F.lit(False))
+        )
 
 
 _CONDITIONS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in", "is_null", "not_null")

@@ -152,27 +152,17 @@ def _check_recovered(out: Path, code: int, text: str, reference, digits_shards, 
 
 
 @pytest.mark.slow
-def test_killed_worker_process_resumes_from_checkpoint(tmp_path, reference, digits_shards):
-    proc, out, log = start_train(tmp_path, reference["data_dir"], "kill-worker",
+@pytest.mark.parametrize(
+    "victims", [python_workers, executor_jvms], ids=["worker-process", "executor-jvm"]
+)
+def test_killed_worker_resumes_from_checkpoint(tmp_path, reference, digits_shards, victims):
+    """SIGKILL one worker's Python process, or one executor JVM, after the first checkpoint."""
+    proc, out, log = start_train(tmp_path, reference["data_dir"], "kill",
                                  "--set", "cluster.master=local-cluster[2,1,1024]")
     try:
         first_checkpoint(out)
-        workers = wait_for(lambda: python_workers(proc.pid), 30, "training workers")
-        os.kill(workers[-1], signal.SIGKILL)
-        hurt_at = time.time()
-    finally:
-        code, text = finish(proc, out, log)
-    _check_recovered(out, code, text, reference, digits_shards, hurt_at)
-
-
-@pytest.mark.slow
-def test_killed_executor_jvm_resumes_from_checkpoint(tmp_path, reference, digits_shards):
-    proc, out, log = start_train(tmp_path, reference["data_dir"], "kill-jvm",
-                                 "--set", "cluster.master=local-cluster[2,1,1024]")
-    try:
-        first_checkpoint(out)
-        jvms = wait_for(lambda: executor_jvms(proc.pid), 30, "executor JVMs")
-        os.kill(jvms[-1], signal.SIGKILL)
+        found = wait_for(lambda: victims(proc.pid), 30, victims.__name__)
+        os.kill(found[-1], signal.SIGKILL)
         hurt_at = time.time()
     finally:
         code, text = finish(proc, out, log)
