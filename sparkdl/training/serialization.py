@@ -1,12 +1,24 @@
-"""Keras models to and from bytes (the ``.keras`` format), for shipping to workers."""
+"""Keras models to and from bytes (the ``.keras`` format), for shipping to workers.
+
+The bytes are written and read in memory: a worker killed while loading a model (Spark kills
+the tasks of a cancelled job) leaves no temporary files behind. Keras's public ``save_model``
+accepts only paths, so this uses its saving library directly, and falls back to a temporary
+file if a future Keras moves it.
+"""
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from typing import Any
 
 import keras
+
+try:
+    from keras.src.saving import saving_lib as _saving_lib
+except ImportError:  # pragma: no cover - depends on the Keras version
+    _saving_lib = None
 
 
 def model_to_bytes(model: keras.Model) -> bytes:
@@ -15,6 +27,10 @@ def model_to_bytes(model: keras.Model) -> bytes:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built:
         optimizer.build(model.trainable_variables)
+    if _saving_lib is not None:
+        buffer = io.BytesIO()
+        _saving_lib.save_model(model, buffer)
+        return buffer.getvalue()
     with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
         path = os.path.join(tmp, "model.keras")
         model.save(path)
@@ -24,6 +40,10 @@ def model_to_bytes(model: keras.Model) -> bytes:
 
 def model_from_bytes(data: bytes, custom_objects: dict[str, Any] | None = None) -> keras.Model:
     """Load a model saved by :func:`model_to_bytes`, compiled as it was saved."""
+    if _saving_lib is not None:
+        return _saving_lib.load_model(
+            io.BytesIO(data), custom_objects=custom_objects, compile=True
+        )
     with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
         path = os.path.join(tmp, "model.keras")
         with open(path, "wb") as f:
