@@ -3,16 +3,15 @@ and only the encoded message leaves the device."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tensorflow.python.framework import ops
 
+from sparkdl.benchmarks.device_encoding import record_host_copies
 from sparkdl.compression import (
     AdaptiveThreshold,
     FixedThreshold,
@@ -219,25 +218,6 @@ def test_decompress_sum_matches_host() -> None:
 # Only the message crosses to the host -------------------------------------------------------
 
 
-@contextmanager
-def _record_host_copies() -> Iterator[list[int]]:
-    """Record the byte size of every eager tensor copied to numpy (``.numpy()``,
-    ``np.asarray``, ``float()``/``int()``, ``Variable.numpy()`` all go through ``_numpy``)."""
-    sizes: list[int] = []
-    original = ops._EagerTensorBase._numpy
-
-    def recording(self):  # type: ignore[no-untyped-def]
-        value = original(self)
-        sizes.append(int(np.asarray(value).nbytes))
-        return value
-
-    ops._EagerTensorBase._numpy = recording
-    try:
-        yield sizes
-    finally:
-        ops._EagerTensorBase._numpy = original
-
-
 @pytest.mark.parametrize("algorithm", sorted(THRESHOLDS))
 def test_compress_copies_only_the_message_to_the_host(algorithm: str) -> None:
     n = 200_000
@@ -251,7 +231,7 @@ def test_compress_copies_only_the_message_to_the_host(algorithm: str) -> None:
     seen = set()
     for step, scale in enumerate([1e-3, 1e-2, 0.2, 1e-2]):
         update = tf.constant((rng.standard_normal(n) * scale).astype(np.float32))
-        with _record_host_copies() as sizes:
+        with record_host_copies() as sizes:
             frame, stats = dev.compress(update, step)
         seen.add(stats.encoding)
         payload = len(frame) - 44
@@ -298,7 +278,7 @@ def _train(encoder: str, steps: int = 8):  # type: ignore[no-untyped-def]
         for step in range(steps):
             x = rng.standard_normal((8, 8)).astype(np.float32)
             y = rng.integers(0, 3, 8).astype(np.int64)
-            with _record_host_copies() as sizes:
+            with record_host_copies() as sizes:
                 exchange.step(x, y, step)
             host_copies.extend(sizes)
         exchange.finish()
