@@ -139,3 +139,27 @@ def values(outcomes: list[Outcome]) -> list[Any]:
     errors = [f"rank {o.rank}: {o.error_type}: {o.error}" for o in outcomes if not o.ok]
     assert not errors, "\n".join(errors)
     return [o.value for o in outcomes]
+
+
+def allreduce_until_error(
+    rank: int, world: int, exchange: Any, timeout_s: float, length: int, ready: Any
+) -> tuple[str, float]:
+    """Rank body: join a ring, allreduce until a peer fails; return the error and its time.
+
+    ``ready`` is set once the first allreduce has completed, so a test can then hurt a rank.
+    """
+    import numpy as np
+
+    from sparkdl.comm.tcp import connect_ring
+    from sparkdl.errors import CommunicationError
+
+    comm = connect_ring(rank, world, exchange, secret=SECRET, timeout_s=timeout_s)
+    x = np.ones(length, np.float32)
+    comm.allreduce(x)
+    ready.set()
+    try:
+        while True:
+            comm.allreduce(x)
+    except CommunicationError as exc:
+        comm.close()
+        return str(exc), time.time()

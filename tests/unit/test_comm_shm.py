@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from _comm_harness import SECRET, RankGroup, run_ranks, values
+from _comm_harness import SECRET, RankGroup, allreduce_until_error, run_ranks, values
 
 from sparkdl.comm import _shm
 from sparkdl.comm.tcp import connect_ring
@@ -78,27 +78,14 @@ def test_environment_switch_disables_it(monkeypatch: pytest.MonkeyPatch) -> None
     assert values(run_ranks(_env_disabled, 2)) == [(False, False)] * 2
 
 
-def _loop(rank: int, world: int, exchange, ready) -> str:
-    comm = connect_ring(rank, world, exchange, secret=SECRET, timeout_s=3)
-    x = np.ones(1_000_000, np.float32)
-    comm.allreduce(x)
-    ready.set()
-    try:
-        while True:
-            comm.allreduce(x)
-    except CommunicationError as exc:
-        comm.close()
-        return str(exc)
-
-
 def test_nothing_is_left_in_dev_shm_after_a_rank_is_killed() -> None:
     before = _ours()
     ready = mp.get_context("fork").Event()
-    with RankGroup(_loop, 3, args=(ready,)) as group:
+    with RankGroup(allreduce_until_error, 3, args=(3.0, 1_000_000, ready)) as group:
         assert ready.wait(30)
         time.sleep(0.2)
         group.signal(1, signal.SIGKILL)
-        messages = values(group.results(timeout=20, ranks=[0, 2]))
+        messages = [msg for msg, _ in values(group.results(timeout=20, ranks=[0, 2]))]
     assert any("rank 1 (127.0.0.1:" in m for m in messages), messages
     assert _ours() <= before
 

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from _comm_harness import SECRET, RankGroup, run_ranks, values
+from _comm_harness import SECRET, RankGroup, allreduce_until_error, run_ranks, values
 
 from sparkdl.comm import _auth
 from sparkdl.comm.tcp import TcpRingCommunicator, connect_ring
@@ -222,25 +222,13 @@ def test_wrong_secret_and_garbage_are_rejected_during_ring_formation() -> None:
 # Failures ----------------------------------------------------------------------------------
 
 
-def _loop_allreduce(rank: int, world: int, exchange, timeout_s: float, ready) -> tuple:
-    comm = connect_ring(rank, world, exchange, secret=SECRET, timeout_s=timeout_s)
-    x = np.ones(200_000, np.float32)
-    comm.allreduce(x)
-    ready.set()
-    try:
-        while True:
-            comm.allreduce(x)
-    except CommunicationError as exc:
-        return str(exc), time.time()
-
-
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_silent_or_dead_peer_makes_every_rank_fail_within_the_timeout(how: str) -> None:
     import multiprocessing as mp
 
     world, victim, timeout_s = 4, 2, 3.0
     ready = mp.get_context("fork").Event()
-    with RankGroup(_loop_allreduce, world, args=(timeout_s, ready)) as group:
+    with RankGroup(allreduce_until_error, world, args=(timeout_s, 200_000, ready)) as group:
         assert ready.wait(30)
         time.sleep(0.2)
         t0 = time.time()
