@@ -6,7 +6,8 @@ to ``rows`` records), run through the mnist pipeline (IDX → image scaling → 
 (:func:`report.alternate`), medians compared:
 
 * ``shard_reader``: :class:`ShardReader` over one worker slice holding every row group, no
-  shuffle, batches of 256 (background prefetch, list column → numpy without per-element copy);
+  shuffle, batches of 256 (row groups decoded ahead on two threads, list column → numpy
+  without per-element copy);
 * ``iter_batches``: the evaluation reader, same files, same batch size;
 * ``pyarrow``: ``pyarrow.parquet.read_table(files)`` then ``features`` flattened ``to_numpy``
   and reshaped, ``label`` ``to_numpy`` (the reference: one bulk read, no batching).
@@ -65,7 +66,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
 
     quick = bool(options.get("quick", False))
     rows = int(options.get("rows", 8_000 if quick else 24_000))
-    repeats = int(options.get("repeats", 3 if quick else 7))
+    repeats = int(options.get("repeats", 5 if quick else 15))
     batch = 256
     tmp = tempfile.mkdtemp(prefix="sparkdl-bench-reader-")
     spark = _spark()

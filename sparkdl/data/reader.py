@@ -5,9 +5,9 @@ groups (:func:`plan_slices`) and reads it with :class:`ShardReader`, which yield
 ``steps_per_epoch`` batches per epoch on every worker — synchronous collectives deadlock if one
 worker runs more steps than another.
 
-Memory is bounded by a few row groups: a background thread reads one row group at a time into
-a bounded queue (``prefetch`` row groups), and shuffling mixes rows within a window of
-``shuffle_window`` row groups, never the whole data set.
+Memory is bounded by a few row groups: up to ``prefetch`` row groups are decoded ahead, on a
+few threads (pyarrow releases the GIL while decoding), and shuffling mixes rows within a
+window of ``shuffle_window`` row groups, never the whole data set.
 
 This module runs inside training workers: pyarrow + numpy only; TensorFlow is imported lazily
 by :func:`to_tf_dataset`, Spark never.
@@ -15,11 +15,12 @@ by :func:`to_tf_dataset`, Spark never.
 
 from __future__ import annotations
 
-import queue
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +33,6 @@ from sparkdl.errors import ConfigurationError, DataError
 
 FEATURES = "features"
 LABEL = "label"
-
-_DONE = object()
 
 
 @dataclass
@@ -190,7 +189,9 @@ class _ShardFileHandle:
 
     def read_group(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         try:
-            table = self._file.read_row_group(index, columns=[FEATURES, LABEL])
+            table = self._file.read_row_group(
+                index, columns=[FEATURES, LABEL], use_threads=False  # we decode in parallel
+            )
         except (OSError, pa.ArrowException) as exc:
             raise DataError(
                 f"cannot read row group {index} of shard file {self.source}: {exc}"
@@ -263,15 +264,15 @@ def _empty(metadata: ShardMetadata) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The training reader
+# Reading row groups ahead, on a few threads
 
 
 @dataclass
 class ReaderStats:
-    """Counters for tests and tuning."""
+    """Counters for tests and tuning (row groups, not bytes)."""
 
     row_groups_read: int = 0
-    buffered_row_groups: int = 0  # read but not yet fully handed out
+    buffered_row_groups: int = 0  # being read, or read but not yet fully handed out
     peak_buffered_row_groups: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -283,91 +284,238 @@ class ReaderStats:
                 self.peak_buffered_row_groups, self.buffered_row_groups
             )
 
-    def release(self, n: int) -> None:
+    def release(self, n: int = 1) -> None:
         with self.lock:
             self.buffered_row_groups -= n
 
 
-class _Producer(threading.Thread):
-    """Reads row groups in a given order into a bounded queue; stops when told to."""
+class _RowGroupFetcher:
+    """Decodes ``(file, row group)`` pieces on up to ``threads`` threads, in order.
 
-    def __init__(self, reader: ShardReader, pieces: list[tuple[str, int]]) -> None:
-        super().__init__(name=f"sparkdl-shard-reader-{reader.worker_slice.worker}", daemon=True)
-        self.reader = reader
-        self.pieces = pieces
-        # Reads in flight count towards the prefetch bound (row groups held ahead of use).
-        self.threads = max(1, min(reader.decode_threads, reader.prefetch))
-        self.queue: queue.Queue[Any] = queue.Queue(
-            maxsize=max(1, reader.prefetch - self.threads + 1)
-        )
-        self.stop_event = threading.Event()
+    At most ``ahead`` row groups are being read or waiting to be consumed; pyarrow releases
+    the GIL while it decodes, so the threads overlap with each other and with training. The
+    consumer waits on each piece directly (no hand-over thread), at most ``timeout`` seconds.
+    Each thread keeps its own open files (concurrent reads of one ``ParquetFile`` are not
+    documented as safe), at most ``max_open_files`` of them, least recently used closed first.
+    """
 
-    def _put(self, item: Any) -> bool:
-        while not self.stop_event.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def __init__(
+        self,
+        uri: str,
+        metadata: ShardMetadata,
+        stats: ReaderStats,
+        *,
+        threads: int,
+        ahead: int,
+        timeout: float,
+        max_open_files: int,
+        name: str,
+    ) -> None:
+        self.uri = uri
+        self.metadata = metadata
+        self.stats = stats
+        self.threads = max(1, min(threads, ahead))
+        self.ahead = max(1, ahead)
+        self.timeout = timeout
+        self.max_open_files = max(1, max_open_files)
+        self.name = name
+        self._pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
+        self._handles: list[OrderedDict[str, _ShardFileHandle]] = []
+        self._handles_lock = threading.Lock()
 
-    def run(self) -> None:
-        """Decode row groups on up to ``decode_threads`` threads (pyarrow releases the GIL
-        while decoding), at most ``prefetch`` reads in flight, and queue the results in
-        order."""
-        in_flight: deque[Future[Any]] = deque()
-        pieces = iter(self.pieces)
-        threads = self.threads
-        try:
-            with ThreadPoolExecutor(threads, thread_name_prefix=self.name) as pool:
-
-                def submit_next() -> None:
-                    piece = next(pieces, None)
-                    if piece is not None:
-                        self.reader.stats.acquire()
-                        in_flight.append(pool.submit(self._read, *piece))
-
-                for _ in range(threads):
-                    submit_next()
-                try:
-                    while in_flight:
-                        chunk = in_flight[0].result()
-                        in_flight.popleft()
-                        if self.stop_event.is_set() or not self._put(chunk):
-                            self.reader.stats.release(1)
-                            return
-                        submit_next()
-                finally:
-                    for future in in_flight:  # stopped or failed: drop what is still coming
-                        future.cancel()
-                    self.reader.stats.release(len(in_flight))
-            self._put(_DONE)
-        except BaseException as exc:  # handed to the consumer, re-raised there
-            self._put(exc)
+    def _open(self, path: str) -> _ShardFileHandle:
+        handles = getattr(self._local, "handles", None)
+        if handles is None:
+            handles = self._local.handles = OrderedDict()
+            with self._handles_lock:
+                self._handles.append(handles)
+        handle = handles.get(path)
+        if handle is not None:
+            handles.move_to_end(path)
+            return handle
+        while len(handles) >= self.max_open_files:
+            handles.popitem(last=False)[1].close()
+        handle = handles[path] = _ShardFileHandle(self.uri, path, self.metadata)
+        return handle
 
     def _read(self, path: str, index: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.reader._open(path).read_group(index)
+        return self._open(path).read_group(index)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        self.stop_event.set()
-        drained = 0
-        while True:
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
+    def fetch(self, pieces: list[tuple[str, int]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield the decoded pieces in order. Each yielded row group stays counted in
+        ``stats.buffered_row_groups`` until the consumer calls ``stats.release()``."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self.name)
+        pool = self._pool
+        todo = iter(pieces)
+        in_flight: deque[tuple[Future[Any], str, int]] = deque()
+
+        def submit_next() -> None:
+            piece = next(todo, None)
+            if piece is not None:
+                self.stats.acquire()
+                in_flight.append((pool.submit(self._read, *piece), *piece))
+
+        try:
+            for _ in range(self.ahead):
+                submit_next()
+            while in_flight:
+                future, path, index = in_flight[0]
+                try:
+                    chunk = future.result(timeout=self.timeout)
+                except FutureTimeout:
+                    raise DataError(
+                        f"row group {index} of {join(self.uri, path)} was not read within "
+                        f"{self.timeout:.0f} s"
+                    ) from None
+                in_flight.popleft()
+                submit_next()
+                yield chunk
+        finally:  # finished, failed or stopped early: drop what is still coming
+            for future, _, _ in in_flight:
+                future.cancel()
+            self.stats.release(len(in_flight))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the threads (a read in progress is waited for, at most ``timeout`` s) and
+        close the open files."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+            deadline = time.monotonic() + timeout
+            for thread in list(getattr(pool, "_threads", ())):
+                thread.join(max(0.0, deadline - time.monotonic()))
+        with self._handles_lock:
+            for handles in self._handles:
+                for handle in handles.values():
+                    handle.close()
+                handles.clear()
+            self._handles.clear()
+        self._local = threading.local()
+
+
+# ----------------------------------------------------------------------------------------------
+# Row groups -> batches
+
+
+def _batches_in_order(
+    chunks: Iterator[tuple[np.ndarray, np.ndarray]],
+    batch_size: int,
+    stats: ReaderStats,
+    *,
+    last_partial: bool,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Cut row groups into batches in file order.
+
+    Batches inside one row group are views; only a batch straddling row groups is copied (and
+    the tail of a row group is copied, so a consumed row group is never kept alive by it).
+    """
+    part_x: list[np.ndarray] = []
+    part_y: list[np.ndarray] = []
+    held = 0
+    for gx, gy in chunks:
+        try:
+            start = 0
+            if held:
+                start = min(batch_size - held, len(gx))
+                part_x.append(gx[:start])
+                part_y.append(gy[:start])
+                held += start
+                if held == batch_size:
+                    bx, by = np.concatenate(part_x), np.concatenate(part_y)
+                    part_x, part_y, held = [], [], 0
+                    yield bx, by
+            full = (len(gx) - start) // batch_size
+            for b in range(full):
+                s = start + b * batch_size
+                yield gx[s:s + batch_size], gy[s:s + batch_size]
+            rest = start + full * batch_size
+            if rest < len(gx):
+                part_x.append(gx[rest:].copy())
+                part_y.append(gy[rest:].copy())
+                held += len(gx) - rest
+        finally:  # also when the consumer stops inside this row group
+            del gx, gy
+            stats.release()
+    if last_partial and held:
+        yield np.concatenate(part_x), np.concatenate(part_y)
+
+
+def _batches_shuffled(
+    chunks: Iterator[tuple[np.ndarray, np.ndarray]],
+    batch_size: int,
+    stats: ReaderStats,
+    *,
+    window: int,
+    rng: np.random.Generator,
+    empty: tuple[np.ndarray, np.ndarray],
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Shuffle rows within windows of ``window`` row groups plus the rows carried over from
+    the previous window, and cut the result into full batches (the last remainder is dropped).
+
+    Each window is gathered into its shuffled order with one copy (a scatter per row group).
+    """
+    carry_x, carry_y = empty
+    group_x: list[np.ndarray] = []
+    group_y: list[np.ndarray] = []
+    chunks = iter(chunks)
+    exhausted = False
+    try:
+        while not exhausted:
+            for gx, gy in chunks:
+                group_x.append(gx)
+                group_y.append(gy)
+                if len(group_x) == window:
+                    break
+            else:
+                exhausted = True
+            if not group_x:
                 break
-            if isinstance(item, tuple):
-                drained += 1
-        self.reader.stats.release(drained)
-        self.join(timeout)
+            x, y = _scatter_shuffled([carry_x, *group_x], [carry_y, *group_y], rng)
+            stats.release(len(group_x))
+            group_x.clear()
+            group_y.clear()
+            full = len(x) // batch_size
+            for b in range(full):
+                s = slice(b * batch_size, (b + 1) * batch_size)
+                yield x[s], y[s]
+            carry_x, carry_y = x[full * batch_size:].copy(), y[full * batch_size:].copy()
+            del x, y
+    finally:  # the consumer stopped while row groups were still gathered
+        stats.release(len(group_x))
+
+
+def _scatter_shuffled(
+    parts_x: list[np.ndarray], parts_y: list[np.ndarray], rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``concatenate(parts)[rng.permutation(n)]`` with one copy instead of two."""
+    n = sum(len(p) for p in parts_x)
+    perm = rng.permutation(n)
+    where = np.empty_like(perm)
+    where[perm] = np.arange(n)  # row i of the concatenation goes to position where[i]
+    x = np.empty((n, *parts_x[0].shape[1:]), parts_x[0].dtype)
+    y = np.empty((n, *parts_y[0].shape[1:]), parts_y[0].dtype)
+    offset = 0
+    for px, py in zip(parts_x, parts_y):
+        dest = where[offset:offset + len(px)]
+        x[dest] = px
+        y[dest] = py
+        offset += len(px)
+    return x, y
+
+
+# ----------------------------------------------------------------------------------------------
+# The training reader
 
 
 class ShardReader:
     """Reads one worker's slice of a shard directory as exactly ``steps_per_epoch`` batches.
 
-    Use as a context manager (or call :meth:`close`) so the prefetch thread stops when the
-    consumer stops early. Each file's schema and row groups are checked against the metadata
-    when it is opened; at most ``max_open_files`` files stay open per decoding thread.
+    Row groups are decoded ahead on up to ``decode_threads`` threads, at most ``prefetch`` of
+    them at a time. Use as a context manager (or call :meth:`close`) to stop the threads and
+    close the files. Each file's schema and row groups are checked against the metadata when
+    it is first opened.
     """
 
     def __init__(
@@ -380,11 +528,11 @@ class ShardReader:
         *,
         shuffle: bool = True,
         seed: int = 0,
-        prefetch: int = 3,
+        prefetch: int = 4,
         shuffle_window: int = 2,
         read_timeout: float = 600.0,
         max_open_files: int = 16,
-        decode_threads: int = 3,
+        decode_threads: int = 2,
     ) -> None:
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
@@ -406,54 +554,18 @@ class ShardReader:
         self.steps_per_epoch = steps_per_epoch
         self.shuffle = shuffle
         self.seed = seed
-        self.prefetch = prefetch
         self.shuffle_window = shuffle_window
-        self.read_timeout = read_timeout
-        self.max_open_files = max(1, max_open_files)
-        self.decode_threads = max(1, decode_threads)
         self.stats = ReaderStats()
-        # Each decoding thread has its own open files (concurrent reads of one ParquetFile
-        # are not guaranteed safe); all of them are closed by close().
-        self._local = threading.local()
-        self._all_handles: list[OrderedDict[str, _ShardFileHandle]] = []
-        self._handles_lock = threading.Lock()
-        self._producer: _Producer | None = None
-
-    def _open(self, path: str) -> _ShardFileHandle:
-        handles = getattr(self._local, "handles", None)
-        if handles is None:
-            handles = self._local.handles = OrderedDict()
-            with self._handles_lock:
-                self._all_handles.append(handles)
-        handle = handles.get(path)
-        if handle is not None:
-            handles.move_to_end(path)
-            return handle
-        while len(handles) >= self.max_open_files:  # least recently used first
-            handles.popitem(last=False)[1].close()
-        handle = handles[path] = _ShardFileHandle(self.uri, path, self.metadata)
-        return handle
+        self._fetcher = _RowGroupFetcher(
+            uri, metadata, self.stats, threads=decode_threads, ahead=prefetch,
+            timeout=read_timeout, max_open_files=max_open_files,
+            name=f"sparkdl-shard-reader-{worker_slice.worker}",
+        )
 
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng(
             np.random.SeedSequence([self.seed, epoch, self.worker_slice.worker])
         )
-
-    def _next(self, producer: _Producer) -> Any:
-        waited = 0.0
-        while True:
-            try:
-                return producer.queue.get(timeout=0.1)
-            except queue.Empty:
-                waited += 0.1
-                if not producer.is_alive() and producer.queue.empty():
-                    raise DataError(
-                        f"shard reader thread for {self.uri} stopped without a result"
-                    ) from None
-                if waited >= self.read_timeout:
-                    raise DataError(
-                        f"no row group of {self.uri} arrived within {self.read_timeout:.0f} s"
-                    ) from None
 
     def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield exactly ``steps_per_epoch`` batches ``(features, labels)`` for ``epoch``.
@@ -461,98 +573,36 @@ class ShardReader:
         Shuffling (seeded by ``(seed, epoch, worker)``) permutes the order of row groups, then
         rows within windows of ``shuffle_window`` row groups plus the carried remainder.
         """
-        self._stop_producer()
         rng = self._rng(epoch)
         pieces = list(self.worker_slice.pieces)
         if self.shuffle:
             pieces = [pieces[i] for i in rng.permutation(len(pieces))]
-        producer = self._producer = _Producer(self, pieces)
-        producer.start()
-        bs = self.batch_size
-        carry_x, carry_y = _empty(self.metadata)
-        window_x: list[np.ndarray] = []
-        window_y: list[np.ndarray] = []
+        chunks = self._fetcher.fetch(pieces)
+        if self.shuffle:
+            batches = _batches_shuffled(
+                chunks, self.batch_size, self.stats, window=self.shuffle_window, rng=rng,
+                empty=_empty(self.metadata),
+            )
+        else:
+            batches = _batches_in_order(chunks, self.batch_size, self.stats, last_partial=False)
         emitted = 0
-        done = False
         try:
-            while emitted < self.steps_per_epoch:
-                if not done:
-                    item = self._next(producer)
-                    if item is _DONE:
-                        done = True
-                    elif isinstance(item, BaseException):
-                        raise item
-                    else:
-                        window_x.append(item[0])
-                        window_y.append(item[1])
-                window = self.shuffle_window if self.shuffle else 1
-                if len(window_x) < window and not done:
-                    continue
-                if not window_x and done:
-                    raise DataError(  # cannot happen when the slice holds enough rows
-                        f"worker {self.worker_slice.worker} ran out of rows after "
-                        f"{emitted} of {self.steps_per_epoch} batches"
-                    )
-                if not self.shuffle and window_x:
-                    # File order: batches are views into the row group; only a batch that
-                    # straddles two row groups is copied.
-                    held = len(window_x)
-                    gx, gy = window_x[0], window_y[0]
-                    window_x.clear()
-                    window_y.clear()
-                    start = 0
-                    if len(carry_x):
-                        start = min(bs - len(carry_x), len(gx))
-                        carry_x = np.concatenate([carry_x, gx[:start]])
-                        carry_y = np.concatenate([carry_y, gy[:start]])
-                        if len(carry_x) == bs:
-                            yield carry_x, carry_y
-                            emitted += 1
-                            carry_x, carry_y = gx[:0], gy[:0]
-                    full = min((len(gx) - start) // bs, self.steps_per_epoch - emitted)
-                    for b in range(full):
-                        s0 = start + b * bs
-                        yield gx[s0:s0 + bs], gy[s0:s0 + bs]
-                    emitted += full
-                    if not len(carry_x) or start < len(gx):
-                        carry_x = gx[start + full * bs:] if len(gx) > start else carry_x
-                        carry_y = gy[start + full * bs:] if len(gy) > start else carry_y
-                    self.stats.release(held)
-                    continue
-                x = np.concatenate([carry_x, *window_x])
-                y = np.concatenate([carry_y, *window_y])
-                held = len(window_x)
-                window_x.clear()
-                window_y.clear()
-                if self.shuffle:
-                    perm = rng.permutation(len(x))
-                    x, y = x[perm], y[perm]
-                full = min(len(x) // bs, self.steps_per_epoch - emitted)
-                for b in range(full):
-                    yield x[b * bs:(b + 1) * bs], y[b * bs:(b + 1) * bs]
-                emitted += full
-                carry_x, carry_y = x[full * bs:], y[full * bs:]
-                del x, y
-                self.stats.release(held)
+            for batch in batches:
+                yield batch
+                emitted += 1
+                if emitted == self.steps_per_epoch:
+                    return
+            raise DataError(  # cannot happen when the slice holds enough rows
+                f"worker {self.worker_slice.worker} ran out of rows after "
+                f"{emitted} of {self.steps_per_epoch} batches"
+            )
         finally:
-            self.stats.release(len(window_x))
-            producer.stop()
-            if self._producer is producer:
-                self._producer = None
-
-    def _stop_producer(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.stop()
+            batches.close()
+            chunks.close()
 
     def close(self) -> None:
-        """Stop the prefetch thread and close open files."""
-        self._stop_producer()
-        with self._handles_lock:
-            for handles in self._all_handles:
-                for handle in handles.values():
-                    handle.close()
-                handles.clear()
+        """Stop the decoding threads and close open files."""
+        self._fetcher.close()
 
     def __enter__(self) -> ShardReader:
         return self
@@ -587,31 +637,34 @@ def iter_batches(
     batch_size: int,
     *,
     metadata: ShardMetadata | None = None,
+    prefetch: int = 4,
+    decode_threads: int = 2,
+    read_timeout: float = 600.0,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield every row of ``files`` in order as batches of ``batch_size`` (the last may be short).
 
-    No shuffling, no dropping: used by distributed evaluation and inference.
+    No shuffling, no dropping: used by distributed evaluation and inference. Row groups are
+    decoded ahead as in :class:`ShardReader`.
     """
     if batch_size < 1:
         raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
-    metadata = metadata or read_metadata(uri)
-    carry_x, carry_y = _empty(metadata)
-    for path in files:
-        handle = _ShardFileHandle(uri, path, metadata)
-        try:
-            for index in range(len(handle.starts) - 1):
-                gx, gy = handle.read_group(index)
-                x = np.concatenate([carry_x, gx]) if len(carry_x) else gx
-                y = np.concatenate([carry_y, gy]) if len(carry_y) else gy
-                full = len(x) // batch_size
-                for b in range(full):
-                    s = slice(b * batch_size, (b + 1) * batch_size)
-                    yield x[s], y[s]
-                carry_x, carry_y = x[full * batch_size:], y[full * batch_size:]
-        finally:
-            handle.close()
-    if len(carry_x):
-        yield carry_x, carry_y
+    metadata = metadata or read_metadata(uri, verify=False)  # each file is checked on open
+    groups = {f.path: len(f.row_groups) for f in metadata.files}
+    missing = [path for path in files if path not in groups]
+    if missing:
+        raise DataError(f"{join(uri, missing[0])} is not listed in the shard metadata")
+    pieces = [(path, i) for path in files for i in range(groups[path])]
+    stats = ReaderStats()
+    fetcher = _RowGroupFetcher(
+        uri, metadata, stats, threads=decode_threads, ahead=prefetch, timeout=read_timeout,
+        max_open_files=4, name="sparkdl-batch-reader",
+    )
+    chunks = fetcher.fetch(pieces)
+    try:
+        yield from _batches_in_order(chunks, batch_size, stats, last_partial=True)
+    finally:
+        chunks.close()
+        fetcher.close()
 
 
 def to_tf_dataset(reader: ShardReader, epoch: int) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -163,22 +164,39 @@ def test_reader_memory_bounded(tmp_path: Path) -> None:
         assert r.stats.buffered_row_groups == 0
 
 
-def test_reader_early_stop_ends_thread(shards: tuple[str, ShardMetadata]) -> None:
+def test_reader_early_stop_ends_threads(shards: tuple[str, ShardMetadata]) -> None:
     uri, meta = shards
     slices, steps = plan_slices(meta, 1, 4)
     before = threading.active_count()
-    reader = ShardReader(uri, meta, slices[0], 4, steps, prefetch=1)
+    reader = ShardReader(uri, meta, slices[0], 4, steps, prefetch=2)
     it = reader.epoch(0)
     next(it)
-    producer = reader._producer
-    assert producer is not None and producer.is_alive()
+    assert threading.active_count() > before  # decoding threads are running
+    it.close()
+    assert reader.stats.buffered_row_groups == 0
     reader.close()
-    producer.join(5)
-    assert not producer.is_alive()
     assert threading.active_count() == before
     # The reader can start a new epoch after an early stop.
     with reader:
         assert len(list(reader.epoch(1))) == steps
+    assert threading.active_count() == before
+
+
+def test_reader_read_timeout_names_row_group(tmp_path: Path) -> None:
+    uri, meta = make_shards(tmp_path / "t", [[8], [8]])
+    fifo = Path(uri) / "part-00001.parquet"
+    fifo.unlink()
+    os.mkfifo(fifo)  # opening it blocks until somebody writes: a hung filesystem
+    slices, steps = plan_slices(meta, 1, 4)
+    reader = ShardReader(uri, meta, slices[0], 4, steps, shuffle=False, read_timeout=1)
+    try:
+        with pytest.raises(DataError, match=r"row group 0 of .*part-00001\.parquet was not "
+                                            r"read within 1 s"):
+            list(reader.epoch(0))
+    finally:
+        with open(fifo, "wb"):  # unblock the reading thread
+            pass
+        reader.close()
 
 
 def test_reader_regression(tmp_path: Path) -> None:
@@ -261,7 +279,8 @@ def test_max_open_files(tmp_path: Path) -> None:
     slices, steps = plan_slices(meta, 1, 4)
     with ShardReader(uri, meta, slices[0], 4, steps, max_open_files=2) as r:
         assert len(list(r.epoch(0))) == steps == 12
-        assert r._all_handles and all(len(handles) <= 2 for handles in r._all_handles)
+        handles = r._fetcher._handles
+        assert handles and all(len(per_thread) <= 2 for per_thread in handles)
 
 
 def test_worker_modules_do_not_import_spark_or_tensorflow() -> None:
