@@ -1,5 +1,8 @@
 """Command line for the job stages: ``sparkdl STAGE --conf FILE [--set key=value ...]``.
 
+``sparkdl samples [DIR]`` writes the sample inputs of ``conf/mnist.yaml``, ``conf/csv.yaml``
+and ``conf/images.yaml`` (default ``data/``, where those confs look).
+
 ``jobs/etl.py``, ``jobs/train.py``, ``jobs/evaluate.py``, ``jobs/predict.py`` and
 ``jobs/pipeline.py`` are this command with the stage fixed, for ``spark-submit``.
 """
@@ -23,7 +26,7 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
         description="Run a sparkdl job stage on Spark.",
     )
     if stage is None:
-        parser.add_argument("stage", choices=STAGES)
+        parser.add_argument("stage", choices=STAGES, help="the stage to run (or: samples [DIR])")
     parser.add_argument("--conf", required=True, help="YAML job configuration (conf/*.yaml)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -38,7 +41,25 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def samples_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sparkdl samples",
+        description="Write sample inputs for conf/mnist.yaml, conf/csv.yaml and "
+                    "conf/images.yaml, made from scikit-learn's digits and iris.",
+    )
+    parser.add_argument("dir", nargs="?", default="data",
+                        help="where to write them (default: data, where the confs look)")
+    args = parser.parse_args(argv)
+    from sparkdl.etl.samples import write_samples
+
+    print(json.dumps(write_samples(args.dir), indent=2), flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if stage is None and argv[:1] == ["samples"]:
+        return samples_main(argv[1:])
     args = build_parser(stage).parse_args(argv)
     stage = stage or args.stage
     logging.basicConfig(

@@ -66,3 +66,58 @@ def write_mnist_sample(root: str, n_train: int = 1400, n_test: int = 397, *,
     write_idx(os.path.join(root, f"t10k-images-idx3-ubyte{sfx}"), x[n_train:])
     write_idx(os.path.join(root, f"t10k-labels-idx1-ubyte{sfx}"), y[n_train:])
     return root
+
+
+def write_csv_sample(path: str) -> str:
+    """scikit-learn's iris as a CSV file with a header (``x0..x3,label``, label the species
+    name): the input of ``conf/csv.yaml``."""
+    import os
+
+    from sklearn.datasets import load_iris
+
+    data = load_iris()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    lines = ["x0,x1,x2,x3,label"] + [
+        ",".join([*(f"{v:g}" for v in row), IRIS_CLASSES[label]])
+        for row, label in zip(data.data, data.target, strict=True)
+    ]
+    _write_atomically(path, ("\n".join(lines) + "\n").encode())
+    return path
+
+
+def write_image_sample(root: str, per_class: int = 40) -> str:
+    """``root/<digit>/<k>.png``: :func:`digits_28x28` as grayscale PNG files, ``per_class``
+    per digit: the input of ``conf/images.yaml``. Needs TensorFlow (to encode PNG)."""
+    import os
+
+    import tensorflow as tf
+
+    x, y = digits_28x28()
+    for digit in range(10):
+        folder = os.path.join(root, str(digit))
+        os.makedirs(folder, exist_ok=True)
+        for k, image in enumerate(x[y == digit][:per_class]):
+            png = tf.io.encode_png(image[:, :, None]).numpy()
+            _write_atomically(os.path.join(folder, f"{k:04d}.png"), png)
+    return root
+
+
+def write_samples(root: str) -> dict[str, str]:
+    """Write the sample inputs of the mnist, csv and images confs under ``root`` (their
+    default ``data.options.path`` with ``root="data"``), from data scikit-learn ships."""
+    import os
+
+    return {
+        "mnist": write_mnist_sample(os.path.join(root, "mnist")),
+        "csv": write_csv_sample(os.path.join(root, "records.csv")),
+        "images": write_image_sample(os.path.join(root, "images")),
+    }
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    import os
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)

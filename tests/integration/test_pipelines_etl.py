@@ -123,3 +123,25 @@ def test_iris_job_end_to_end(tmp_path: Path) -> None:
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["test_accuracy"] >= 0.8
     assert (tmp_path / "data" / "analysis.json").is_file()
+
+
+def test_samples_command_feeds_every_conf(spark, tmp_path: Path) -> None:
+    """``sparkdl samples DIR`` writes inputs for the mnist, csv and images confs, and each
+    conf's ETL stage runs on them as a user would run it."""
+    from sparkdl.cli import main
+    from sparkdl.config import load_config
+    from sparkdl.stages import run_etl
+
+    assert main(["samples", str(tmp_path / "data")]) == 0
+    expected = {"mnist": (10, [28, 28, 1]), "csv": (3, [4]), "images": (10, [28, 28, 1])}
+    paths = {"mnist": "mnist", "csv": "records.csv", "images": "images"}
+    for name, (classes, shape) in expected.items():
+        config = load_config(REPO / "conf" / f"{name}.yaml", [
+            f"data.options.path={tmp_path / 'data' / paths[name]}",
+            f"data.dir={tmp_path / 'out' / name}",
+        ])
+        result = run_etl(config, spark)
+        meta = read_metadata(result["train"])
+        assert meta.num_classes == classes and meta.feature_shape == shape, name
+        training = config.training  # enough rows for the conf's own training run
+        assert result["train_rows"] >= training.num_workers * training.batch_size_per_worker, name
