@@ -3,11 +3,12 @@
 Method. MNIST-format IDX files are made from scikit-learn's digits upscaled to 28x28 (tiled
 to ``rows`` records), run through the mnist pipeline (IDX → image scaling → shards with
 ``rows_per_group`` rows per row group), and the train shards are read three ways, alternating
-(:func:`report.alternate`), medians compared:
+(:func:`report.alternate`), medians compared. Each timing reads the whole data ``passes``
+times (default 3), which evens out the jitter of a shared machine:
 
-* ``shard_reader``: :class:`ShardReader` over one worker slice holding every row group, no
-  shuffle, batches of 256 (row groups decoded ahead on two threads, list column → numpy
-  without per-element copy);
+* ``shard_reader``: :class:`ShardReader` over one worker slice holding every row group, one
+  reader for all passes (its epochs, as in training), no shuffle, batches of 256 (row groups
+  decoded ahead on two threads, list column → numpy without per-element copy);
 * ``iter_batches``: the evaluation reader, same files, same batch size;
 * ``pyarrow``: ``pyarrow.parquet.read_table(files)`` then ``features`` flattened ``to_numpy``
   and reshaped, ``label`` ``to_numpy`` (the reference: one bulk read, no batching).
@@ -67,6 +68,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     quick = bool(options.get("quick", False))
     rows = int(options.get("rows", 8_000 if quick else 24_000))
     repeats = int(options.get("repeats", 5 if quick else 15))
+    passes = int(options.get("passes", 3))  # reads of the whole data per timing
     batch = 256
     tmp = tempfile.mkdtemp(prefix="sparkdl-bench-reader-")
     spark = _spark()
@@ -80,38 +82,51 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         pieces = [(f.path, i) for f in meta.files for i in range(len(f.row_groups))]
         whole = WorkerSlice(worker=0, pieces=pieces, rows=meta.num_rows)
         steps = meta.num_rows // batch
-        nbytes = meta.num_rows * (meta.feature_size * 4 + 8)
+        nbytes = passes * meta.num_rows * (meta.feature_size * 4 + 8)
+
+        peak_row_groups = [0]
 
         def shard_reader() -> int:
+            rows = 0
             with ShardReader(uri, meta, whole, batch, steps, shuffle=False) as reader:
-                return sum(len(x) for x, _ in reader.epoch(0))
+                for epoch in range(passes):  # one reader across epochs, as in training
+                    rows += sum(len(x) for x, _ in reader.epoch(epoch))
+            peak_row_groups[0] = max(peak_row_groups[0], reader.stats.peak_buffered_row_groups)
+            return rows
 
         def evaluation_reader() -> int:
-            return sum(len(x) for x, _ in iter_batches(uri, [f.path for f in meta.files], batch,
-                                                       metadata=meta))
+            paths = [f.path for f in meta.files]
+            return sum(len(x) for _ in range(passes)
+                       for x, _ in iter_batches(uri, paths, batch, metadata=meta))
 
         def pyarrow_reference() -> int:
-            table = pq.read_table(files, columns=["features", "label"])
-            col = table.column("features").combine_chunks()
-            x = col.values.to_numpy().reshape(len(col), meta.feature_size)
-            y = table.column("label").to_numpy()
-            return len(x) + 0 * len(y)
+            rows = 0
+            for _ in range(passes):
+                table = pq.read_table(files, columns=["features", "label"])
+                col = table.column("features").combine_chunks()
+                x = col.values.to_numpy().reshape(len(col), meta.feature_size)
+                y = table.column("label").to_numpy()
+                rows += len(x) + 0 * len(y)
+                del table, col, x, y
+            return rows
 
         times = alternate({"shard_reader": shard_reader, "iter_batches": evaluation_reader,
                            "pyarrow": pyarrow_reference}, repeats=repeats)
         figures: dict[str, Any] = {
             "rows": meta.num_rows, "files": len(meta.files), "row_groups": meta.num_row_groups,
-            "feature_shape": meta.feature_shape, "batch_size": batch,
+            "feature_shape": meta.feature_shape, "batch_size": batch, "passes": passes,
             "shard_reader_s": times["shard_reader"], "iter_batches_s": times["iter_batches"],
             "pyarrow_s": times["pyarrow"],
             "shard_reader_mb_per_s": nbytes / times["shard_reader"] / 1e6,
             "pyarrow_mb_per_s": nbytes / times["pyarrow"] / 1e6,
             "reader_vs_pyarrow": times["pyarrow"] / times["shard_reader"],
             "iter_batches_vs_pyarrow": times["pyarrow"] / times["iter_batches"],
+            "shard_reader_peak_row_groups": peak_row_groups[0],
         }
         print_table(
             f"shard reader vs pyarrow.read_table+to_numpy ({meta.num_rows} rows x 784 float32, "
-            f"{len(meta.files)} files, {meta.num_row_groups} row groups; median of {repeats})",
+            f"{len(meta.files)} files, {meta.num_row_groups} row groups, read {passes}x per "
+            f"timing; median of {repeats})",
             ["reader", "seconds", "MB/s", "vs pyarrow"],
             [["ShardReader (batches of 256)", times["shard_reader"],
               figures["shard_reader_mb_per_s"], figures["reader_vs_pyarrow"]],
@@ -121,6 +136,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
               1.0]],
         )
         figures.update(_lenet(spark, uri, quick))
+        print(f"ShardReader held at most {peak_row_groups[0]} of {meta.num_row_groups} row groups "
+              f"at a time (read ahead or not yet handed out); pyarrow holds all of them")
         print_table(
             "LeNet training on the same shards (SparkModel.fit, 2 workers x batch 32, sharing)",
             ["epochs", "steps", "samples/s", "data_wait_fraction"],

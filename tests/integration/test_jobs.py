@@ -108,3 +108,16 @@ def test_notebook_runs(tmp_path):
         o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs
     )
     assert "Accuracy:" in outputs
+
+
+@pytest.mark.slow
+def test_reader_benchmark_quick_run(tmp_path):
+    """The reader suite runs end to end and writes its headline figures (no timing asserted)."""
+    out = tmp_path / "reader.json"
+    proc = run([sys.executable, "jobs/benchmark.py", "reader", "--quick", "--json", str(out)],
+               tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["reader_vs_pyarrow"] > 0 and 0 <= figures["data_wait_fraction"] < 1
+    assert 0 < figures["shard_reader_peak_row_groups"] < figures["row_groups"]
+    assert "ShardReader (batches of 256)" in proc.stdout
