@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -561,6 +561,7 @@ class ShardReader:
             timeout=read_timeout, max_open_files=max_open_files,
             name=f"sparkdl-shard-reader-{worker_slice.worker}",
         )
+        self._active: Generator[tuple[np.ndarray, np.ndarray], None, None] | None = None
 
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng(
@@ -572,7 +573,18 @@ class ShardReader:
 
         Shuffling (seeded by ``(seed, epoch, worker)``) permutes the order of row groups, then
         rows within windows of ``shuffle_window`` row groups plus the carried remainder.
+        Starting an epoch stops the previous one if it is still being read.
         """
+        self._stop_epoch()
+        self._active = self._epoch(epoch)
+        return self._active
+
+    def _stop_epoch(self) -> None:
+        active, self._active = self._active, None
+        if active is not None:
+            active.close()
+
+    def _epoch(self, epoch: int) -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
         rng = self._rng(epoch)
         pieces = list(self.worker_slice.pieces)
         if self.shuffle:
@@ -601,7 +613,8 @@ class ShardReader:
             chunks.close()
 
     def close(self) -> None:
-        """Stop the decoding threads and close open files."""
+        """Stop the epoch being read and the decoding threads; close open files."""
+        self._stop_epoch()
         self._fetcher.close()
 
     def __enter__(self) -> ShardReader:
