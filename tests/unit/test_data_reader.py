@@ -260,6 +260,18 @@ def test_read_all_and_iter_batches(shards: tuple[str, ShardMetadata]) -> None:
     assert [i for b in batches for i in _ids(b[0])] == list(range(start, start + rows))
 
 
+def test_iter_batches_unlisted_file_and_early_stop(shards: tuple[str, ShardMetadata]) -> None:
+    uri, meta = shards
+    with pytest.raises(DataError, match=r"nope\.parquet is not listed in the shard metadata"):
+        next(iter_batches(uri, ["nope.parquet"], 4, metadata=meta))
+    before = threading.active_count()
+    batches = iter_batches(uri, [f.path for f in meta.files], 4, metadata=meta, prefetch=2)
+    assert len(next(batches)[0]) == 4
+    assert threading.active_count() > before  # decoding ahead
+    batches.close()
+    assert threading.active_count() == before
+
+
 def test_to_tf_dataset(shards: tuple[str, ShardMetadata]) -> None:
     tf = pytest.importorskip("tensorflow")
     from sparkdl.data.reader import to_tf_dataset
