@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import keras
     from pyspark.sql import DataFrame, SparkSession
 
+    from sparkdl.etl.normalizers import Normalizer
+
 log = logging.getLogger("sparkdl")
 
 
@@ -205,17 +207,32 @@ class SparkModel:
             total.merge(Evaluation.from_dict(part))
         return total
 
-    def predict(self, data: str | DataFrame, batch_size: int = 256) -> DataFrame:
+    def predict(
+        self,
+        data: str | DataFrame,
+        batch_size: int = 256,
+        *,
+        normalizer: Normalizer | dict[str, Any] | str | None = None,
+    ) -> DataFrame:
         """Predict on a shard directory or a DataFrame with a ``features`` array column.
 
         Returns the input rows with ``prediction`` (class index, or the output vector for
         regression) and ``scores`` (the model's output vector) columns.
+
+        ``normalizer`` normalizes raw ``features`` on the executors before the model sees them,
+        with the same math as the ETL (``Normalizer.apply_numpy``): a fitted normalizer, its
+        ``to_config()`` dict, or a shard directory whose ``_sparkdl.json`` holds one, such as
+        the shards the model was trained on. Shards written with a normalizer are already
+        normalized: predict on them without one.
         """
         import numpy as np
         import pandas as pd
         from pyspark.sql import types as T
 
+        from sparkdl.etl.normalizers import normalizer_from_config
         from sparkdl.training.serialization import model_to_bytes
+
+        norm_config = _normalizer_config(normalizer)
 
         if isinstance(data, str):
             metadata = read_metadata(data)
@@ -238,10 +255,13 @@ class SparkModel:
 
         def predict_batches(frames):
             model = _load_task_model(model_broadcast.value, custom_objects, threads)
+            norm = normalizer_from_config(norm_config) if norm_config else None
             for frame in frames:
                 for start in range(0, len(frame), batch_size):
                     part = frame.iloc[start : start + batch_size].copy()
                     x = np.stack(part["features"].to_numpy()).astype(np.float32)
+                    if norm is not None:
+                        x = norm.apply_numpy(x)
                     scores = np.asarray(model.predict_on_batch(x.reshape(-1, *feature_shape)))
                     scores = scores.reshape(len(part), -1)
                     part["prediction"] = scores.argmax(axis=1).astype(np.int64)
@@ -249,6 +269,36 @@ class SparkModel:
                     yield part
 
         return df.mapInPandas(predict_batches, schema)
+
+
+def _normalizer_config(
+    normalizer: Normalizer | dict[str, Any] | str | None,
+) -> dict[str, Any] | None:
+    """The ``to_config()`` dict of ``predict``'s ``normalizer`` argument, checked on the driver."""
+    from sparkdl.etl.normalizers import Normalizer, normalizer_from_config
+
+    if normalizer is None:
+        return None
+    if isinstance(normalizer, str):
+        config = read_metadata(normalizer, verify=False).normalizer
+        if not config:
+            raise ConfigurationError(
+                f"predict(normalizer={normalizer!r}): the shards' metadata holds no normalizer"
+            )
+    elif isinstance(normalizer, Normalizer):
+        config = normalizer.to_config()
+    elif isinstance(normalizer, dict):
+        config = normalizer
+    else:
+        raise ConfigurationError(
+            f"predict(normalizer=...) takes a Normalizer, its config dict or a shard directory, "
+            f"got {type(normalizer).__name__}"
+        )
+    if not normalizer_from_config(config).fitted:
+        raise ConfigurationError(
+            f"predict(normalizer=...): the {config.get('class_name')} is not fitted"
+        )
+    return config
 
 
 # Runs inside Spark tasks ------------------------------------------------------------------

@@ -84,6 +84,38 @@ def test_dense_baseline_and_predict(spark, digits_shards, model_for):
     assert len(predictions["scores"][0]) == 10
 
 
+def test_predict_normalizes_raw_features_as_the_etl_did(spark, digits_shards, model_for):
+    """predict(raw, normalizer=train shards) gives the scores of predicting on rows the ETL's
+    Spark normalizer transformed: the same math on the executors."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from sparkdl.etl.normalizers import StandardizeNormalizer, normalizer_from_config
+
+    train = digits_shards["train"]
+    meta = read_metadata(train)
+    assert meta.normalizer and meta.normalizer["class_name"] == "StandardizeNormalizer"
+    rows = [(i, x.tolist()) for i, x in enumerate(load_digits().data[:300])]
+    raw = spark.createDataFrame(rows, "id long, features array<float>")
+    by_etl = normalizer_from_config(meta.normalizer).transform(raw)
+    spark_model = SparkModel(spark, model_for(train), SharedTrainingMaster())
+
+    def scores(df):
+        frame = df.toPandas().sort_values("id")
+        return np.stack(frame["scores"].to_numpy()), frame["prediction"].to_numpy()
+
+    got, got_classes = scores(spark_model.predict(raw, normalizer=train))
+    want, want_classes = scores(spark_model.predict(by_etl))
+    np.testing.assert_array_equal(got, want)
+    assert (got_classes == want_classes).all()
+    unnormalized, _ = scores(spark_model.predict(raw))
+    assert not np.allclose(unnormalized, want)
+    with pytest.raises(ConfigurationError, match="StandardizeNormalizer is not fitted"):
+        spark_model.predict(raw, normalizer=StandardizeNormalizer())
+    with pytest.raises(ConfigurationError, match="got int"):
+        spark_model.predict(raw, normalizer=3)  # type: ignore[arg-type]
+
+
 def test_missing_shard_path_is_one_clear_error(spark, tmp_path, make_mlp):
     spark_model = SparkModel(spark, make_mlp([8, 8, 1], 10), SharedTrainingMaster())
     missing = (tmp_path / "nope").as_uri()
