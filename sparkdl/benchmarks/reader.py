@@ -84,14 +84,15 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         steps = meta.num_rows // batch
         nbytes = passes * meta.num_rows * (meta.feature_size * 4 + 8)
 
-        peak_row_groups = [0]
+        peak_row_groups = 0
 
         def shard_reader() -> int:
+            nonlocal peak_row_groups
             rows = 0
             with ShardReader(uri, meta, whole, batch, steps, shuffle=False) as reader:
                 for epoch in range(passes):  # one reader across epochs, as in training
                     rows += sum(len(x) for x, _ in reader.epoch(epoch))
-            peak_row_groups[0] = max(peak_row_groups[0], reader.stats.peak_buffered_row_groups)
+            peak_row_groups = max(peak_row_groups, reader.stats.peak_buffered_row_groups)
             return rows
 
         def evaluation_reader() -> int:
@@ -121,7 +122,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             "pyarrow_mb_per_s": nbytes / times["pyarrow"] / 1e6,
             "reader_vs_pyarrow": times["pyarrow"] / times["shard_reader"],
             "iter_batches_vs_pyarrow": times["pyarrow"] / times["iter_batches"],
-            "shard_reader_peak_row_groups": peak_row_groups[0],
+            "shard_reader_peak_row_groups": peak_row_groups,
         }
         print_table(
             f"shard reader vs pyarrow.read_table+to_numpy ({meta.num_rows} rows x 784 float32, "
@@ -136,7 +137,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
               1.0]],
         )
         figures.update(_lenet(spark, uri, quick))
-        print(f"ShardReader held at most {peak_row_groups[0]} of {meta.num_row_groups} row groups "
+        print(f"ShardReader held at most {peak_row_groups} of {meta.num_row_groups} row groups "
               f"at a time (read ahead or not yet handed out); pyarrow holds all of them")
         print_table(
             "LeNet training on the same shards (SparkModel.fit, 2 workers x batch 32, sharing)",

@@ -81,7 +81,8 @@ def write_csv_sample(path: str) -> str:
         ",".join([*(f"{v:g}" for v in row), IRIS_CLASSES[label]])
         for row, label in zip(data.data, data.target, strict=True)
     ]
-    _write_atomically(path, ("\n".join(lines) + "\n").encode())
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
     return path
 
 
@@ -98,7 +99,8 @@ def write_image_sample(root: str, per_class: int = 40) -> str:
         os.makedirs(folder, exist_ok=True)
         for k, image in enumerate(x[y == digit][:per_class]):
             png = tf.io.encode_png(image[:, :, None]).numpy()
-            _write_atomically(os.path.join(folder, f"{k:04d}.png"), png)
+            with open(os.path.join(folder, f"{k:04d}.png"), "wb") as f:
+                f.write(png)
     return root
 
 
@@ -113,11 +115,3 @@ def write_samples(root: str) -> dict[str, str]:
         "images": write_image_sample(os.path.join(root, "images")),
     }
 
-
-def _write_atomically(path: str, data: bytes) -> None:
-    import os
-
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
