@@ -101,10 +101,7 @@ class ThresholdAlgorithm:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ThresholdAlgorithm:
         """Rebuild from :meth:`get_config` output."""
-        try:
-            return cls(**config)
-        except TypeError as exc:
-            raise ConfigurationError(f"bad {cls.__name__} config {config!r}: {exc}") from None
+        return _construct(cls, config)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
@@ -200,13 +197,23 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
         n = residual.size
         if n == 0:
             return self.tau
+        offset, stride, passing = self.sample_plan(n, step)
+        sample = np.abs(residual[offset::stride])
+        kth = sample.size - passing
+        return self.accept_quantile(float(np.partition(sample, kth)[kth]))
+
+    def sample_plan(self, n: int, step: int) -> tuple[int, int, int]:
+        """``(offset, stride, passing)``: the strided sample of an ``n``-element residual that
+        :meth:`select` takes at ``step``, and how many of its elements should pass."""
         want = max(self._MIN_SAMPLE, math.ceil(64 / self.sparsity))
         stride = max(1, n // want)
         offset = (step * 7919) % stride
-        sample = np.abs(residual[offset::stride])
-        passing = max(1, round(self.sparsity * sample.size))
-        kth = sample.size - passing
-        value = float(np.partition(sample, kth)[kth])
+        size = len(range(offset, n, stride))
+        return offset, stride, max(1, round(self.sparsity * size))
+
+    def accept_quantile(self, value: float) -> float:
+        """Make the sample quantile ``value`` the new tau (clamped), unless it is 0 or not
+        finite; returns tau."""
         if math.isfinite(value) and value > 0:
             self.tau = min(max(value, MIN_TAU), MAX_TAU)
         return self.tau
@@ -225,10 +232,15 @@ class _Config:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any:
         """Rebuild from :meth:`get_config` output."""
-        try:
-            return cls(**config)
-        except TypeError as exc:
-            raise ConfigurationError(f"bad {cls.__name__} config {config!r}: {exc}") from None
+        return _construct(cls, config)
+
+
+def _construct(cls: type, config: dict[str, Any]) -> Any:
+    """``cls(**config)``, a wrong or missing key being one ConfigurationError."""
+    try:
+        return cls(**config)
+    except TypeError as exc:
+        raise ConfigurationError(f"bad {cls.__name__} config {config!r}: {exc}") from None
 
 
 @dataclass

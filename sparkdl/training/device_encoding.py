@@ -25,7 +25,6 @@ decodes the same frames with the same host decoder.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -36,8 +35,6 @@ import tensorflow as tf
 from sparkdl.compression.compressor import EncodingStats, ThresholdCompressor
 from sparkdl.compression.encoding import EncodedUpdate, Encoding, _float32_tau, bitmap_nbytes
 from sparkdl.compression.threshold import (
-    MAX_TAU,
-    MIN_TAU,
     ResidualClipping,
     ShakeUp,
     TargetSparsityThreshold,
@@ -228,11 +225,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         n = self.num_elements
         if n == 0:
             return th.tau
-        want = max(th._MIN_SAMPLE, math.ceil(64 / th.sparsity))
-        stride = max(1, n // want)
-        offset = (step * 7919) % stride
-        size = len(range(offset, n, stride))
-        passing = max(1, round(th.sparsity * size))
+        offset, stride, passing = th.sample_plan(n, step)
         with self._placement():
             value = float(
                 self._quantile_fn(
@@ -241,9 +234,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
                     tf.constant(passing, tf.int32),
                 )
             )
-        if math.isfinite(value) and value > 0:
-            th.tau = min(max(value, MIN_TAU), MAX_TAU)
-        return th.tau
+        return th.accept_quantile(value)
 
     def compress(  # type: ignore[override]
         self, update: tf.Tensor | np.ndarray, step: int
