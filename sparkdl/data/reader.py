@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkdl.data.metadata import ShardMetadata, join, read_metadata, resolve
+from sparkdl.data.metadata import ShardFile, ShardMetadata, join, read_metadata, resolve
 from sparkdl.errors import ConfigurationError, DataError
 
 FEATURES = "features"
@@ -156,15 +156,21 @@ def _validate_schema(schema: pa.Schema, metadata: ShardMetadata, source: str) ->
         )
 
 
+def _listed_file(uri: str, metadata: ShardMetadata, path: str) -> ShardFile:
+    """The metadata entry of shard file ``path``; an error naming the file if it has none."""
+    entry = next((f for f in metadata.files if f.path == path), None)
+    if entry is None:
+        raise DataError(f"{join(uri, path)} is not listed in the shard metadata")
+    return entry
+
+
 class _ShardFileHandle:
     """An open Parquet file, validated against the metadata when first opened."""
 
     def __init__(self, uri: str, path: str, metadata: ShardMetadata) -> None:
         self.source = join(uri, path)
         fs, base = resolve(uri)
-        entry = next((f for f in metadata.files if f.path == path), None)
-        if entry is None:
-            raise DataError(f"{self.source} is not listed in the shard metadata")
+        entry = _listed_file(uri, metadata, path)
         try:
             self._stream = fs.open_input_file(join(base, path))
         except (OSError, pa.ArrowException) as exc:
@@ -662,11 +668,11 @@ def iter_batches(
     if batch_size < 1:
         raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
     metadata = metadata or read_metadata(uri, verify=False)  # each file is checked on open
-    groups = {f.path: len(f.row_groups) for f in metadata.files}
-    missing = [path for path in files if path not in groups]
-    if missing:
-        raise DataError(f"{join(uri, missing[0])} is not listed in the shard metadata")
-    pieces = [(path, i) for path in files for i in range(groups[path])]
+    pieces = [
+        (path, i)
+        for path in files
+        for i in range(len(_listed_file(uri, metadata, path).row_groups))
+    ]
     stats = ReaderStats()
     fetcher = _RowGroupFetcher(
         uri, metadata, stats, threads=decode_threads, ahead=prefetch, timeout=read_timeout,
