@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 
 from sparkdl.errors import SparkDLError
+from sparkdl.logs import LEVELS, configure_logging, quiet_tensorflow
 
 STAGES = ("etl", "train", "evaluate", "predict", "pipeline")
 
@@ -37,7 +37,10 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
             "--resume", action="store_true",
             help="continue from the latest checkpoint in training.checkpoint_dir",
         )
-    parser.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=LEVELS,
+        help="level of sparkdl's own log (default INFO)",
+    )
     return parser
 
 
@@ -62,9 +65,8 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
         return samples_main(argv[1:])
     args = build_parser(stage).parse_args(argv)
     stage = stage or args.stage
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
+    quiet_tensorflow()
     from sparkdl import stages
     from sparkdl.config import load_config
     from sparkdl.session import get_spark

@@ -105,6 +105,23 @@ class TrainingConfig(_Section):
     checkpoint_dir: str | None = None
     checkpoint_every: int = Field(default=1, ge=1)
     checkpoint_unit: Literal["epochs", "steps"] = "epochs"
+    validation: str = Field(
+        default="test",
+        description="'test' (the ETL's test shards), 'none', or the URI of shards to validate "
+        "on at the end of every validation_freq-th epoch",
+    )
+    validation_freq: int = Field(default=1, ge=1)
+    verbose: Literal["auto", 0, 1, 2] = "auto"
+    log_every_steps: int | None = Field(
+        default=None, ge=0,
+        description="step events to the driver's callbacks every N steps (None: automatic)",
+    )
+    tensorboard_dir: str | None = None
+    prefetch: int = Field(
+        default=4, ge=1,
+        description="row groups each worker decodes ahead (the seeds' workerPrefetchNumBatches)",
+    )
+    decode_threads: int = Field(default=2, ge=1)
 
 
 class OutputConfig(_Section):

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import secrets
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from sparkdl.comm import create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
-from sparkdl.data.metadata import read_metadata
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.training.masters import TrainingMaster
-from sparkdl.training.summary import FitResult, summarize_fit
+
+if TYPE_CHECKING:
+    from sparkdl.training.driver import FitResult
 
 
 class ParallelWrapper:
@@ -44,41 +45,83 @@ class ParallelWrapper:
         self.custom_objects = custom_objects
         self.last_fit: FitResult | None = None
 
-    def fit(self, data_uri: str, epochs: int = 1, *, shuffle: bool = True) -> FitResult:
-        """Train on a shard directory; the trained model replaces :attr:`model`."""
-        from sparkdl.training.serialization import model_from_bytes
-        from sparkdl.training.worker import make_worker_spec
+    def fit(
+        self,
+        data: str,
+        epochs: int = 1,
+        *,
+        validation_data: str | None = None,
+        validation_freq: int = 1,
+        validation_batch_size: int = 256,
+        callbacks: Sequence[Any] | None = None,
+        verbose: int | str = "auto",
+        initial_epoch: int = 0,
+        shuffle: bool = True,
+        log_every_steps: int | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
+        checkpoint_unit: str = "epochs",
+        resume: bool = False,
+        prefetch: int = 4,
+        decode_threads: int = 2,
+    ) -> FitResult:
+        """Train on a shard directory, exactly as :meth:`sparkdl.SparkModel.fit` (same
+        arguments, callbacks, validation and checkpoints); the trained model replaces
+        :attr:`model`."""
+        from sparkdl.training.driver import FitOptions, run_fit
 
-        tm = self.training_master
-        metadata = read_metadata(data_uri)
-        spec = make_worker_spec(
-            self.model, tm, data_uri, metadata, epochs=epochs,
-            custom_objects=self.custom_objects, threads=self.threads_per_worker,
-            shuffle=shuffle,
+        options = FitOptions(
+            epochs=epochs, validation_data=validation_data, validation_freq=validation_freq,
+            validation_batch_size=validation_batch_size, callbacks=callbacks, verbose=verbose,
+            initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
+            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
+            decode_threads=decode_threads,
         )
-        steps_per_epoch = spec.steps_per_epoch
-        secret = secrets.token_bytes(32)
+        history, self.model = run_fit(
+            self.model, self.training_master, _ProcessLauncher(self), data, options,
+            custom_objects=self.custom_objects, timeout_s=self.timeout_s,
+        )
+        self.last_fit = history
+        return history
+
+
+class _ProcessLauncher:
+    """Runs the workers as spawned local processes with a local rendezvous."""
+
+    driver_host = bind_host = "127.0.0.1"
+
+    def __init__(self, wrapper: ParallelWrapper) -> None:
+        self.wrapper = wrapper
+        self.threads_per_worker = wrapper.threads_per_worker
+        self._processes: list[Any] = []
+
+    def check_slots(self, num_workers: int) -> None:
+        """Local processes always fit (they share the cores)."""
+
+    def cancel(self) -> None:
+        for process in list(self._processes):
+            if process.is_alive():
+                process.kill()
+
+    def run(self, spec: Any, secret: bytes) -> list[Any]:
+        wrapper = self.wrapper
+        world = len(spec.slices)
         context = mp.get_context("spawn")
         results_queue = context.Queue()
-        started = time.perf_counter()
         with TcpStoreServer(secret) as server:
-            processes = [
+            self._processes = [
                 context.Process(
                     target=_worker_process,
-                    args=(spec, rank, tm.num_workers, server.address, secret, self.transport,
-                          self.timeout_s, results_queue),
+                    args=(spec, rank, world, server.address, secret, wrapper.transport,
+                          wrapper.timeout_s, results_queue),
                     daemon=True,
                 )
-                for rank in range(tm.num_workers)
+                for rank in range(world)
             ]
-            for process in processes:
+            for process in self._processes:
                 process.start()
-            results = _collect(results_queue, processes, self.timeout_s)
-        wall = time.perf_counter() - started
-        results.sort(key=lambda r: r["rank"])
-        self.model = model_from_bytes(results[0].pop("model_bytes"), self.custom_objects)
-        self.last_fit = summarize_fit(results, tm, epochs, steps_per_epoch, wall)
-        return self.last_fit
+            return _collect(results_queue, self._processes, wrapper.timeout_s)
 
 
 def _collect(results_queue: Any, processes: list[Any], timeout_s: float) -> list[dict[str, Any]]:
@@ -132,7 +175,7 @@ def _worker_process(
             transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s
         )
         try:
-            result = run_worker(spec, comm)
+            result = run_worker(spec, comm, secret=secret)
         finally:
             comm.close()
         results_queue.put(("ok", result))

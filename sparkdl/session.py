@@ -22,6 +22,9 @@ DEFAULT_SPARK_CONF = {
     "spark.sql.shuffle.partitions": "8",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # TensorFlow's C++ log threshold in the executors' Python workers (their start-up banner
+    # is filtered by sparkdl.logs.quiet_tensorflow where sparkdl imports TensorFlow)
+    "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2",
 }
 
 

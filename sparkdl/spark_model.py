@@ -12,7 +12,7 @@ import logging
 import re
 import secrets
 import socket
-import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import ClusterConfig
@@ -20,13 +20,13 @@ from sparkdl.data.metadata import read_metadata
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.evaluation import Evaluation
 from sparkdl.training.masters import TrainingMaster
-from sparkdl.training.summary import FitResult, summarize_fit
 
 if TYPE_CHECKING:
     import keras
     from pyspark.sql import DataFrame, SparkSession
 
     from sparkdl.etl.normalizers import Normalizer
+    from sparkdl.training.driver import FitResult
 
 log = logging.getLogger("sparkdl")
 
@@ -62,93 +62,71 @@ class SparkModel:
 
     def fit(
         self,
-        data_uri: str,
+        data: str,
         epochs: int = 1,
         *,
+        validation_data: str | None = None,
+        validation_freq: int = 1,
+        validation_batch_size: int = 256,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
+        verbose: int | str = "auto",
+        initial_epoch: int = 0,
         shuffle: bool = True,
+        log_every_steps: int | None = None,
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
         checkpoint_unit: str = "epochs",
         resume: bool = False,
+        prefetch: int = 4,
+        decode_threads: int = 2,
     ) -> FitResult:
-        """Train on the shard directory ``data_uri`` for ``epochs`` epochs.
+        """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
 
-        With ``checkpoint_dir``, rank 0 checkpoints every ``checkpoint_every`` epochs (or
-        steps) and a retried stage continues from the latest checkpoint instead of starting
-        over; ``resume=True`` continues an earlier fit that was killed as a whole.
+        Returns a :class:`keras.callbacks.History` (``history.history`` holds ``loss``, every
+        compiled metric, ``val_*`` and sparkdl's per-epoch figures) that also carries the job's
+        measurements (``.metrics``); the trained model is :attr:`model`.
+
+        Args:
+            data: URI of the training shards (written by the ETL / ``write_shards``).
+            epochs: train until this epoch index (Keras semantics, with ``initial_epoch``).
+            validation_data: URI of validation shards, evaluated distributed at the end of
+                every ``validation_freq``-th epoch (``val_loss`` and ``val_<metric>``).
+            callbacks: Keras callbacks; they run on the driver. Hooks that fire:
+                ``on_train_begin/end``, ``on_epoch_begin/end`` (with the epoch's figures
+                combined over all workers), ``on_train_batch_end`` every ``log_every_steps``
+                steps (rank 0's running figures). ``model.stop_training`` and a new learning
+                rate set by a callback take effect on every worker before the next epoch.
+            verbose: 0 silent, 1 progress bar, 2 one line per epoch; ``"auto"`` is 1 in a
+                terminal or notebook, else 2.
+            log_every_steps: batch events every this many steps (``None``: enough for the bar).
+            checkpoint_dir: rank 0 checkpoints there every ``checkpoint_every`` epochs (or
+                steps, ``checkpoint_unit="steps"``); a retried stage resumes from the latest
+                checkpoint, and ``resume=True`` continues a fit that was killed as a whole.
+            prefetch, decode_threads: row groups each worker's reader decodes ahead, on how
+                many threads (the seeds' ``workerPrefetchNumBatches``).
         """
-        from sparkdl.training.serialization import model_from_bytes
-        from sparkdl.training.worker import make_worker_spec
+        from sparkdl.comm.network import parse_port_range
+        from sparkdl.training.driver import FitOptions, run_fit
 
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ConfigurationError(f"epochs must be a positive integer, got {epochs!r}")
-        tm = self.training_master
-        if resume and not checkpoint_dir:
-            raise ConfigurationError("resume=True needs a checkpoint_dir to resume from")
-        metadata = read_metadata(data_uri)
-        self._check_slots(tm.num_workers)
-        checkpoint = None
-        if checkpoint_dir:
-            from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore
-
-            policy = CheckpointPolicy(checkpoint_dir, checkpoint_every, checkpoint_unit)
-            run_id = CheckpointStore(checkpoint_dir).start_run(resume)
-            checkpoint = {**vars(policy), "run_id": run_id}
-        spec = make_worker_spec(
-            self.model, tm, data_uri, metadata, epochs=epochs,
-            custom_objects=self.custom_objects, threads=self._task_cpus(), shuffle=shuffle,
-            checkpoint=checkpoint,
-        )
-        steps_per_epoch = spec.steps_per_epoch
-        log.info(
-            "fit: %s, %d workers x batch %d, %d steps/epoch, %d epochs, transport %s",
-            tm, tm.num_workers, tm.batch_size_per_worker, steps_per_epoch, epochs,
-            self.cluster.transport,
-        )
-        started = time.perf_counter()
-        results = self._run_barrier_stage(spec)
-        wall = time.perf_counter() - started
-        results.sort(key=lambda r: r["rank"])
-        self.model = model_from_bytes(results[0].pop("model_bytes"), self.custom_objects)
-        self.last_fit = summarize_fit(results, tm, epochs, steps_per_epoch, wall)
-        if self.last_fit.metrics.get("resumed_from"):
-            log.warning("fit resumed from checkpoint %s", self.last_fit.metrics["resumed_from"])
-        return self.last_fit
-
-    def _run_barrier_stage(self, spec: Any) -> list[dict[str, Any]]:
-        sc = self.spark.sparkContext
-        cluster = self.cluster.model_dump()
-        secret = secrets.token_bytes(32)
-        spec_broadcast = sc.broadcast(spec)
-        num_workers = self.training_master.num_workers
-        attempts = AttemptLog.create(spec.checkpoint["uri"] if spec.checkpoint else None)
-        sc.setJobDescription(f"sparkdl fit ({self.training_master.mode}, {num_workers} workers)")
-        try:
-            # Spark retries a failed barrier stage only when it is a shuffle map stage (a
-            # failed barrier *result* stage aborts the job), so results go through a
-            # one-partition shuffle: a lost worker then retries the stage, which resumes
-            # from the latest checkpoint.
-            rdd = sc.parallelize(range(num_workers), num_workers).barrier()
-            return (
-                rdd.mapPartitions(
-                    lambda _: _train_task(spec_broadcast, cluster, secret, attempts.uri)
-                )
-                .map(lambda result: (result["rank"], result))
-                .partitionBy(1)
-                .values()
-                .collect()
+        if not isinstance(data, str):
+            raise ConfigurationError(
+                f"fit() takes the URI of a shard directory, got {type(data).__name__}"
             )
-        except Exception as exc:
-            failures = attempts.read()
-            detail = "; ".join(failures) if failures else _root_cause(exc)
-            attempt_count = len({line.split(",")[0] for line in failures}) or 1
-            raise TrainingError(
-                f"the training stage failed ({attempt_count} attempt(s)): {detail}"
-            ) from exc
-        finally:
-            sc.setJobDescription(None)
-            spec_broadcast.unpersist()
-            attempts.close()
+        options = FitOptions(
+            epochs=epochs, validation_data=validation_data, validation_freq=validation_freq,
+            validation_batch_size=validation_batch_size, callbacks=callbacks, verbose=verbose,
+            initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
+            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
+            decode_threads=decode_threads,
+        )
+        history, self.model = run_fit(
+            self.model, self.training_master, _SparkLauncher(self), data, options,
+            custom_objects=self.custom_objects, timeout_s=self.cluster.timeout_s,
+            port_range=parse_port_range(self.cluster.port_range),
+        )
+        self.last_fit = history
+        return history
 
     def _task_cpus(self) -> int:
         return int(self.spark.sparkContext.getConf().get("spark.task.cpus", "1"))
@@ -301,6 +279,66 @@ def _normalizer_config(
     return config
 
 
+class _SparkLauncher:
+    """Runs the workers as one barrier-mode Spark stage (one task per worker)."""
+
+    def __init__(self, spark_model: SparkModel) -> None:
+        self.spark = spark_model.spark
+        self.cluster = spark_model.cluster
+        self.mode = spark_model.training_master.mode
+        self.threads_per_worker = spark_model._task_cpus()
+        self.check_slots = spark_model._check_slots
+        sc = self.spark.sparkContext
+        if sc.master.startswith("local"):  # executors share the driver's machine
+            self.driver_host = self.bind_host = "127.0.0.1"
+        else:
+            from sparkdl.comm.network import select_bind_address
+
+            driver = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+            self.driver_host = select_bind_address(self.cluster.network_mask, driver)
+            self.bind_host = "0.0.0.0"
+        self._group = f"sparkdl-fit-{secrets.token_hex(6)}"
+
+    def cancel(self) -> None:
+        self.spark.sparkContext.cancelJobGroup(self._group)
+
+    def run(self, spec: Any, secret: bytes) -> list[Any]:
+        sc = self.spark.sparkContext
+        cluster = self.cluster.model_dump()
+        spec_broadcast = sc.broadcast(spec)
+        num_workers = len(spec.slices)
+        attempts = AttemptLog.create(spec.checkpoint["uri"] if spec.checkpoint else None)
+        sc.setJobGroup(self._group, f"sparkdl fit ({self.mode}, {num_workers} workers)",
+                       interruptOnCancel=True)
+        try:
+            # Spark retries a failed barrier stage only when it is a shuffle map stage (a
+            # failed barrier *result* stage aborts the job), so results go through a
+            # one-partition shuffle: a lost worker then retries the stage, which resumes
+            # from the latest checkpoint.
+            rdd = sc.parallelize(range(num_workers), num_workers).barrier()
+            return (
+                rdd.mapPartitions(
+                    lambda _: _train_task(spec_broadcast, cluster, secret, attempts.uri)
+                )
+                .map(lambda result: (result.rank, result))
+                .partitionBy(1)
+                .values()
+                .collect()
+            )
+        except Exception as exc:
+            failures = attempts.read()
+            detail = "; ".join(failures) if failures else _root_cause(exc)
+            attempt_count = len({line.split(",")[0] for line in failures}) or 1
+            raise TrainingError(
+                f"the training stage failed ({attempt_count} attempt(s)): {detail}"
+            ) from exc
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            sc.setJobDescription(None)
+            spec_broadcast.unpersist()
+            attempts.close()
+
+
 # Runs inside Spark tasks ------------------------------------------------------------------
 
 _TASK_MODELS: dict[int, Any] = {}
@@ -349,7 +387,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
         port_range=parse_port_range(cluster["port_range"]),
     )
     try:
-        result = run_worker(spec, comm)
+        result = run_worker(spec, comm, secret=secret)
     except BaseException as exc:
         AttemptLog(attempts_uri).record(
             context.taskAttemptId(), rank, infos[rank].address, exc
@@ -357,7 +395,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
         raise
     finally:
         comm.close()
-    result["executor_address"] = infos[rank].address
+    result.executor_address = infos[rank].address
     yield result
 
 
@@ -457,4 +495,4 @@ def _join(uri: str, relative: str) -> str:
     return uri.rstrip("/") + "/" + relative
 
 
-__all__ = ["FitResult", "SparkModel"]
+__all__ = ["SparkModel"]

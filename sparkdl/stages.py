@@ -50,6 +50,16 @@ def shard_uris(config: JobConfig) -> tuple[str, str]:
     return f"{base}/train", f"{base}/test"
 
 
+def validation_uri(config: JobConfig) -> str | None:
+    """The shards ``training.validation`` names: the ETL's test split, none, or a URI."""
+    choice = config.training.validation.strip()
+    if choice.lower() == "none":
+        return None
+    if choice.lower() == "test":
+        return shard_uris(config)[1]
+    return as_uri(choice)
+
+
 def run_etl(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     """Run the configured pipeline: raw data → train/test DataSet shards."""
     from pipelines import get_pipeline
@@ -88,10 +98,16 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
     fit = spark_model.fit(
         train_uri,
         epochs=training.epochs,
+        validation_data=validation_uri(config),
+        validation_freq=training.validation_freq,
+        verbose=training.verbose,
+        log_every_steps=training.log_every_steps,
         checkpoint_dir=as_uri(training.checkpoint_dir) if training.checkpoint_dir else None,
         checkpoint_every=training.checkpoint_every,
         checkpoint_unit=training.checkpoint_unit,
         resume=resume,
+        prefetch=training.prefetch,
+        decode_threads=training.decode_threads,
     )
     out = local_path(config.output.dir)
     out.mkdir(parents=True, exist_ok=True)

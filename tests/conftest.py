@@ -54,6 +54,7 @@ def _make_mlp(input_shape, num_classes: int, learning_rate: float = 0.002, seed:
     keras.utils.set_random_seed(seed)
     model = mlp(input_shape, num_classes, hidden=(128, 64))
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy"
+        optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
     )
     return model

@@ -33,10 +33,10 @@ class ParameterAveragingExchange(UpdateExchange):
 
     def _train_step_fn(self, x: tf.Tensor, y: tf.Tensor):
         with tf.GradientTape() as tape:
-            loss, accuracy = self._loss_and_accuracy(x, y)
+            loss = self._loss(x, y)
         variables = self.model.trainable_variables
         self.model.optimizer.apply(tape.gradient(loss, variables), variables)
-        return loss, accuracy
+        return loss
 
     def average(self) -> None:
         """Replace parameters (and optimizer state) by their mean over all workers."""
@@ -51,14 +51,13 @@ class ParameterAveragingExchange(UpdateExchange):
 
     def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
         watch = Stopwatch()
-        loss, accuracy = self._train_step(x, y)
-        loss, accuracy = float(loss), float(accuracy)
+        loss = float(self._train_step(x, y))
         watch.lap("compute_s")
         self._since_average += 1
         if self._since_average >= self.averaging_frequency:
             self.average()
             watch.lap("communicate_s")
-        return StepResult(loss=loss, accuracy=accuracy, timings=watch.timings)
+        return StepResult(loss=loss, timings=watch.timings)
 
     def finish(self) -> None:
         if self._since_average:

@@ -23,13 +23,13 @@ class DenseAllreduceExchange(UpdateExchange):
 
     def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
         watch = Stopwatch()
-        loss, accuracy, grads, finite = self._gradients(x, y)
+        loss, grads, finite = self._gradients(x, y)
         if not bool(finite):
-            return StepResult(loss=float(loss), accuracy=float(accuracy), finite_update=False)
+            return StepResult(loss=float(loss), finite_update=False)
         grads_np = grads.numpy()
         watch.lap("compute_s")
         mean = self.comm.allreduce(grads_np, "mean") if self.comm.world_size > 1 else grads_np
         watch.lap("communicate_s")
         self._apply(mean)
         watch.lap("apply_s")
-        return StepResult(loss=float(loss), accuracy=float(accuracy), timings=watch.timings)
+        return StepResult(loss=float(loss), timings=watch.timings)

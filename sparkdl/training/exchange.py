@@ -5,11 +5,13 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
+from sparkdl.training.metrics import CompiledMetrics
 from sparkdl.training.variables import FlatVariables
 
 
@@ -18,7 +20,6 @@ class StepResult:
     """What one synchronous step produced on this worker."""
 
     loss: float
-    accuracy: float
     finite_update: bool = True
     timings: dict[str, float] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
@@ -37,6 +38,8 @@ class UpdateExchange(abc.ABC):
         self.classification = classification
         self.trainable = FlatVariables(model.trainable_variables)
         self.non_trainable = FlatVariables(model.non_trainable_variables)
+        self.metrics = CompiledMetrics(model)
+        self._evaluate_fn: Any = None
         model.optimizer.build(model.trainable_variables)
 
     @abc.abstractmethod
@@ -52,26 +55,32 @@ class UpdateExchange(abc.ABC):
         """Leave every replica with the same weights now: called after the last step and
         before every checkpoint (so it must be safe to call mid-training)."""
 
+    def evaluate_batch(self, x: np.ndarray, y: np.ndarray) -> float:
+        """The loss of the current weights on a batch (inference mode); adds the batch to the
+        compiled metrics."""
+        if self._evaluate_fn is None:
+            self._evaluate_fn = tf.function(
+                lambda x, y: self._loss(x, y, training=False), reduce_retracing=True
+            )
+        return float(self._evaluate_fn(x, y))
+
     # Shared building blocks -------------------------------------------------------------
 
-    def _loss_and_accuracy(self, x: tf.Tensor, y: tf.Tensor, training: bool = True):
+    def _loss(self, x: tf.Tensor, y: tf.Tensor, training: bool = True) -> tf.Tensor:
+        """The batch loss; also adds the batch to the model's compiled metrics."""
         y_pred = self.model(x, training=training)
         loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=training)
-        if self.classification:
-            hits = tf.equal(tf.argmax(y_pred, axis=-1, output_type=tf.int64), tf.cast(y, tf.int64))
-            accuracy = tf.reduce_mean(tf.cast(hits, tf.float32))
-        else:
-            accuracy = tf.constant(float("nan"))
-        return loss, accuracy
+        self.metrics.update(x, y, y_pred)
+        return loss
 
     def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor):
         with tf.GradientTape() as tape:
-            loss, accuracy = self._loss_and_accuracy(x, y)
+            loss = self._loss(x, y)
         grads = tape.gradient(loss, self.model.trainable_variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self.model.trainable_variables)]
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-        return loss, accuracy, flat, tf.reduce_all(tf.math.is_finite(flat))
+        return loss, flat, tf.reduce_all(tf.math.is_finite(flat))
 
 
 class Stopwatch:

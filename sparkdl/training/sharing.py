@@ -62,13 +62,13 @@ class GradientSharingExchange(UpdateExchange):
         self._apply_shared_sum(previous_sum)
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
-            loss, accuracy = self._loss_and_accuracy(x, y)
+            loss = self._loss(x, y)
         grads = tape.gradient(loss, variables)
         self.model.optimizer.apply(grads, variables)
         update = tf.concat(
             [tf.reshape(v - w, [-1]) for v, w in zip(variables, self._shared)], axis=0
         )
-        return loss, accuracy, update, tf.reduce_all(tf.math.is_finite(update))
+        return loss, update, tf.reduce_all(tf.math.is_finite(update))
 
     def _flush_graph(self, previous_sum: tf.Tensor) -> None:
         self._apply_shared_sum(previous_sum)
@@ -102,9 +102,9 @@ class GradientSharingExchange(UpdateExchange):
 
     def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
         watch = Stopwatch()
-        loss, accuracy, update, finite = self._step_fn(x, y, self._pending)
+        loss, update, finite = self._step_fn(x, y, self._pending)
         if not bool(finite):
-            return StepResult(loss=float(loss), accuracy=float(accuracy), finite_update=False)
+            return StepResult(loss=float(loss), finite_update=False)
         if not self._on_device:
             update = update.numpy()  # the host encoder needs the whole update on the host
         watch.lap("compute_s")
@@ -120,7 +120,6 @@ class GradientSharingExchange(UpdateExchange):
         self.last_stats = stats
         return StepResult(
             loss=float(loss),
-            accuracy=float(accuracy),
             timings=watch.timings,
             extra={
                 "tau": float(stats.tau),

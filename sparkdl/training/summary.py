@@ -1,87 +1,87 @@
-"""Combining the workers' results of one fit into history and metrics."""
+"""What each worker returns, and the job metrics the driver makes of them (no TensorFlow)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkdl.training.loop import LoopResult
 from sparkdl.training.masters import TrainingMaster
 
 
 @dataclass
-class FitResult:
-    """What :meth:`SparkModel.fit` returns: Keras-style per-epoch history plus measurements."""
+class WorkerResult:
+    """One worker's outcome of a fit (plain data: it travels back from the executors)."""
 
-    history: dict[str, list[float]]
-    metrics: dict[str, Any]
-    workers: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def epoch(self) -> list[int]:
-        return list(range(len(next(iter(self.history.values()), []))))
-
+    rank: int
+    checksum: str
+    loop: LoopResult
+    num_parameters: int
+    trained_steps: int
+    started_at: float
+    resumed_from: str | None = None
+    executor_address: str = "local"
+    model_bytes: bytes | None = field(default=None, repr=False)  # rank 0 only
 
 
 def summarize_fit(
-    results: list[dict[str, Any]],
+    results: list[WorkerResult],
     tm: TrainingMaster,
-    epochs: int,
     steps_per_epoch: int,
     wall_seconds: float,
-) -> FitResult:
-    """Combine every worker's measurements into history and job metrics."""
-    history: dict[str, list[float]] = {
-        "loss": [e["loss"] for e in results[0]["history"]],
-        "accuracy": [e["accuracy"] for e in results[0]["history"]],
-    }
-    steps = results[0]["steps"]
-    train_seconds = max(r["train_seconds"] for r in results)
-    num_parameters = results[0]["num_parameters"]
+) -> dict[str, Any]:
+    """Combine every worker's measurements into the job's metrics."""
+    first = results[0]
+    loops = [r.loop for r in results]
     world = len(results)
-    checksums = {r["checksum"] for r in results}
-    timed = max(results[0].get("timed_steps", steps), 1)
+    steps = first.loop.steps
+    train_seconds = max(loop.train_seconds for loop in loops)
+    num_parameters = first.num_parameters
+    timed = max(first.loop.timed_steps, 1)
     timings = {
-        name: sum(r["timings"].get(name, 0.0) for r in results) / world / timed
-        for name in results[0]["timings"]
+        name: sum(loop.timings.get(name, 0.0) for loop in loops) / world / timed
+        for name in first.loop.timings
     }
     extras = {
-        name: sum(r["extras"].get(name, 0.0) for r in results) / world / timed
-        for name in results[0]["extras"]
+        name: sum(loop.extras.get(name, 0.0) for loop in loops) / world / timed
+        for name in first.loop.extras
     }
-    # Steady state: epochs after the first (which includes tracing the step functions).
-    later = [max(r["history"][e]["seconds"] for r in results) for e in range(1, epochs)]
-    steady = (len(later) * steps_per_epoch * tm.batch_size_per_worker * world / sum(later)
-              if later and sum(later) > 0 else None)
-    metrics = {
+    # Steady state: epochs after the first of this attempt (which includes tracing).
+    this_attempt = first.loop.history[len(first.loop.history) - first.loop.epochs_run :]
+    later = [e["samples_per_second"] for e in this_attempt[1:] if "samples_per_second" in e]
+    last = first.loop.history[-1] if first.loop.history else {}
+    metrics: dict[str, Any] = {
         "mode": tm.mode,
         "num_workers": world,
         "batch_size_per_worker": tm.batch_size_per_worker,
-        "epochs": epochs,
+        "epochs": len(first.loop.history),
+        "stopped_early": first.loop.stopped_early,
         "steps_per_epoch": steps_per_epoch,
         "steps": steps,
-        "samples": results[0]["samples"],
+        "samples": first.loop.samples,
         "train_seconds": train_seconds,
         "stage_seconds": wall_seconds,
-        "samples_per_second": results[0]["samples"] / train_seconds if train_seconds else 0.0,
-        "steady_samples_per_second": steady,
+        "samples_per_second": first.loop.samples / train_seconds if train_seconds else 0.0,
+        "steady_samples_per_second": sum(later) / len(later) if later else None,
         "num_parameters": num_parameters,
-        "bytes_per_step": sum(r["bytes_sent"] for r in results) / world
-        / max(results[0].get("trained_steps", steps), 1),
-        "resumed_from": results[0].get("resumed_from"),
-        "attempt_started_at": min(r.get("started_at", 0.0) for r in results),
-        "dense_bytes_per_step": 4.0 * num_parameters * 2 * (world - 1) / world,
-        "data_wait_fraction": sum(r["data_wait_seconds"] for r in results)
-        / max(sum(r["train_seconds"] for r in results), 1e-9),
-        "replicas_identical": len(checksums) == 1,
-        "executor_addresses": [r.get("executor_address", "local") for r in results],
-        "final_loss": history["loss"][-1],
-        "final_train_accuracy": history["accuracy"][-1],
+        "bytes_per_step": sum(loop.bytes_sent for loop in loops) / world
+        / max(first.trained_steps, 1),
+        "resumed_from": first.resumed_from,
+        "attempt_started_at": min(r.started_at for r in results),
+        "dense_bytes_per_step": dense_bytes_per_step(num_parameters, world),
+        "data_wait_fraction": sum(loop.data_wait_seconds for loop in loops)
+        / max(sum(loop.train_seconds for loop in loops), 1e-9),
+        "replicas_identical": len({r.checksum for r in results}) == 1,
+        "executor_addresses": [r.executor_address for r in results],
+        "final_loss": last.get("loss"),
         "step_timings_s": timings,
         "step_stats": extras,
     }
+    if "accuracy" in last:
+        metrics["final_train_accuracy"] = last["accuracy"]
     # After the first epoch: adaptive thresholds have settled (and tracing is over).
     metrics["steady_bytes_per_step"] = (
-        sum(r.get("steady_bytes_sent", r["bytes_sent"]) for r in results) / world / timed
+        sum(loop.steady_bytes_sent or loop.bytes_sent for loop in loops) / world / timed
     )
     if metrics["bytes_per_step"]:
         metrics["compression_ratio"] = metrics["dense_bytes_per_step"] / metrics["bytes_per_step"]
@@ -89,4 +89,9 @@ def summarize_fit(
         metrics["steady_compression_ratio"] = (
             metrics["dense_bytes_per_step"] / metrics["steady_bytes_per_step"]
         )
-    return FitResult(history=history, metrics=metrics, workers=results)
+    return metrics
+
+
+def dense_bytes_per_step(num_parameters: int, world_size: int) -> float:
+    """What a ring allreduce of float32 gradients sends per step and worker."""
+    return 4.0 * num_parameters * 2 * (world_size - 1) / max(world_size, 1)

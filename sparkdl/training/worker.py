@@ -1,7 +1,8 @@
 """What one worker does, given a communicator: set TensorFlow up, load the model, train.
 
 Knows TensorFlow but not Spark: the Spark launcher (``sparkdl.spark_model``) and
-``ParallelWrapper`` both call :func:`run_worker` with their own communicator.
+``ParallelWrapper`` both call :func:`run_worker` with their own communicator. Importing this
+module imports no TensorFlow: :func:`configure_tensorflow` must run first in a task.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +18,31 @@ import numpy as np
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import TrainingError
-from sparkdl.training.variables import FlatVariables
+from sparkdl.training.loop import TrainingLoop, WorkerCallback
+from sparkdl.training.summary import WorkerResult
 
 log = logging.getLogger("sparkdl.training")
+
+
+@dataclass
+class ValidationSpec:
+    """Validation shards, evaluated by every rank on its share of the files."""
+
+    uri: str
+    metadata_json: str
+    files: list[str]
+    batch_size: int
+    freq: int = 1
+
+
+@dataclass
+class EventsSpec:
+    """Where rank 0 reports to the driver (see :mod:`sparkdl.training.events`)."""
+
+    address: str
+    log_every_steps: int = 0
+    send_weights: bool = False
+    timeout_s: float = 120.0
 
 
 @dataclass
@@ -37,6 +61,11 @@ class WorkerSpec:
     threads: int = 1
     shuffle: bool = True
     checkpoint: dict[str, Any] | None = None  # CheckpointPolicy fields plus "run_id"
+    initial_epoch: int = 0
+    validation: ValidationSpec | None = None
+    events: EventsSpec | None = None
+    prefetch: int = 4
+    decode_threads: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -51,8 +80,10 @@ def make_worker_spec(
     threads: int,
     shuffle: bool,
     checkpoint: dict[str, Any] | None = None,
+    **options: Any,
 ) -> WorkerSpec:
-    """Plan every worker's slice of the shards and package the model for the workers."""
+    """Plan every worker's slice of the shards and package the model for the workers;
+    ``options`` are further :class:`WorkerSpec` fields."""
     import secrets
 
     from sparkdl.data.reader import plan_slices
@@ -78,6 +109,7 @@ def make_worker_spec(
         threads=threads,
         shuffle=shuffle,
         checkpoint=checkpoint,
+        **options,
     )
 
 
@@ -89,7 +121,9 @@ def configure_tensorflow(threads: int, gpu_addresses: list[str] | None = None) -
     ``tf.config.set_visible_devices`` (effective only before the first op). On CPU-only
     tasks nothing GPU-related changes.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from sparkdl.logs import quiet_tensorflow
+
+    quiet_tensorflow()
     if gpu_addresses and "tensorflow" not in sys.modules:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_addresses)
     import tensorflow as tf
@@ -108,17 +142,90 @@ def configure_tensorflow(threads: int, gpu_addresses: list[str] | None = None) -
         pass  # already set in this (reused) Python worker
 
 
-def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
-    """Train on this worker's slice; returns its measurements (rank 0 adds the model)."""
-    import time
+class Checkpointing(WorkerCallback):
+    """Every rank stages its own state and rank 0 publishes the checkpoint when
+    ``policy.due`` says so (every N epochs or steps)."""
 
+    def __init__(self, policy: Any, store: Any, run_id: str) -> None:
+        self.policy = policy
+        self.store = store
+        self.run_id = run_id
+
+    def on_step_end(self, loop: TrainingLoop, epoch: int, step: int, outcome: Any) -> None:
+        last = step == loop.steps_per_epoch - 1
+        if not last and self.policy.due(loop.global_step, False, epoch):
+            self._save(loop, epoch, step + 1)
+
+    def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
+        if self.policy.due(loop.global_step, True, epoch):
+            self._save(loop, epoch + 1, 0)
+
+    def _save(self, loop: TrainingLoop, epoch: int, step: int) -> None:
+        from sparkdl.training.checkpoint import TrainingState
+        from sparkdl.training.serialization import model_to_bytes
+
+        exchange, comm, global_step = loop.exchange, loop.comm, loop.global_step
+        exchange.finish()
+        if getattr(exchange, "compressor", None) is not None:
+            # every rank stages its own state, then rank 0 publishes
+            self.store.save_worker_state(
+                self.run_id, global_step, comm.rank, _worker_state(exchange)
+            )
+            comm.barrier()
+        if comm.rank != 0:
+            return
+        state = TrainingState(self.run_id, global_step, epoch, step, list(loop.history),
+                              _exchange_state(exchange))
+        path = self.store.save(state, model_to_bytes(exchange.model), keep=self.policy.keep)
+        log.info("checkpoint %s written (epoch %d, step %d)", path, epoch, step)
+
+
+class Validation(WorkerCallback):
+    """Evaluate the validation shards at the end of every ``freq``-th epoch: each rank reads
+    its share of the files, then loss and compiled metrics are combined exactly."""
+
+    def __init__(self, spec: ValidationSpec) -> None:
+        from sparkdl.data.metadata import ShardMetadata
+
+        self.spec = spec
+        self.metadata = ShardMetadata.from_json(spec.metadata_json)
+
+    def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
+        from sparkdl.data.reader import iter_batches
+
+        if (epoch + 1) % self.spec.freq:
+            return
+        exchange, comm = loop.exchange, loop.comm
+        exchange.finish()  # every replica holds the same weights (averaging: averaged now)
+        exchange.metrics.reset()
+        totals = np.zeros(2, np.float64)  # loss × rows, rows
+        files = self.spec.files[comm.rank :: comm.world_size]
+        if files:
+            for x, y in iter_batches(self.spec.uri, files, self.spec.batch_size,
+                                     metadata=self.metadata):
+                totals += (exchange.evaluate_batch(x, y) * len(x), len(x))
+        state = np.concatenate([totals, exchange.metrics.state()])
+        if comm.world_size > 1:
+            state = comm.allreduce(state, "sum")
+        logs["val_loss"] = state[0] / max(state[1], 1.0)
+        for name, value in exchange.metrics.results_from_state(state[2:]).items():
+            logs[f"val_{name}"] = value
+        exchange.metrics.reset()
+
+
+def run_worker(
+    spec: WorkerSpec, comm: Communicator, *, secret: bytes | None = None
+) -> WorkerResult:
+    """Train on this worker's slice; returns its measurements (rank 0 adds the model).
+
+    ``secret`` authenticates rank 0's event channel to the driver (``spec.events``).
+    """
     import keras
 
     started_at = time.time()
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import ShardReader
     from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore, TrainingState
-    from sparkdl.training.loop import run_loop
     from sparkdl.training.masters import master_from_config
     from sparkdl.training.serialization import model_from_bytes, model_to_bytes
     from sparkdl.training.variables import weights_checksum
@@ -132,7 +239,7 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
         store = CheckpointStore(policy.uri)
         store.check_failure()
         resumed = store.latest(run_id)
-    start = resumed.state if resumed else TrainingState(run_id, 0, 0, 0)
+    start = resumed.state if resumed else TrainingState(run_id, 0, spec.initial_epoch, 0)
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
     keras.utils.set_random_seed(master.seed + comm.rank + 7919 * start.global_step)
     model = model_from_bytes(
@@ -149,24 +256,13 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
         model, comm, job_id=spec.job_id, classification=classification
     )
     _restore_exchange_state(exchange, start.exchange_state)
-    compressor = getattr(exchange, "compressor", None)
-    if resumed and compressor is not None:
+    if resumed and getattr(exchange, "compressor", None) is not None:
         saved = resumed.worker_state(store, comm.rank)
         if saved is None:
             log.warning("worker %d resumes without its residual (none was saved)", comm.rank)
         else:
             _restore_worker_state(exchange, saved)
-
-    def on_checkpoint(global_step: int, epoch: int, step: int, history: list) -> None:
-        if compressor is not None:  # every rank stages its own state, then rank 0 publishes
-            store.save_worker_state(run_id, global_step, comm.rank, _worker_state(exchange))
-            comm.barrier()
-        if comm.rank != 0:
-            return
-        state = TrainingState(run_id, global_step, epoch, step, list(history),
-                              _exchange_state(exchange))
-        path = store.save(state, model_to_bytes(model), keep=policy.keep)
-        log.info("checkpoint %s written (epoch %d, step %d)", path, epoch, step)
+    callbacks = _worker_callbacks(spec, comm, secret, policy, store, run_id)
     reader = ShardReader(
         spec.data_uri,
         metadata,
@@ -175,9 +271,12 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
         spec.steps_per_epoch,
         shuffle=spec.shuffle,
         seed=master.seed,
+        prefetch=spec.prefetch,
+        decode_threads=spec.decode_threads,
     )
+    global_step_at_start = start.epoch * spec.steps_per_epoch + start.step_in_epoch
     try:
-        loop = run_loop(
+        loop = TrainingLoop(
             exchange,
             comm,
             reader.epoch,
@@ -187,37 +286,57 @@ def run_worker(spec: WorkerSpec, comm: Communicator) -> dict[str, Any]:
             start_epoch=start.epoch,
             start_step=start.step_in_epoch,
             history=start.history,
-            checkpoint_due=policy.due if policy else None,
-            on_checkpoint=on_checkpoint if policy else None,
-        )
+            callbacks=callbacks,
+        ).run()
     except TrainingError as exc:
         if store is not None:
             store.record_failure(str(exc))  # a retry would fail the same way: fail fast
         raise
     finally:
         reader.close()
-    result: dict[str, Any] = {
-        "rank": comm.rank,
-        "checksum": weights_checksum(model.trainable_variables),
-        "history": loop.history,
-        "steps": loop.steps,
-        "samples": loop.samples,
-        "train_seconds": loop.train_seconds,
-        "data_wait_seconds": loop.data_wait_seconds,
-        "bytes_sent": loop.bytes_sent,
-        "bytes_received": loop.bytes_received,
-        "timed_steps": loop.timed_steps,
-        "steady_bytes_sent": loop.steady_bytes_sent,
-        "timings": loop.timings,
-        "extras": loop.extras,
-        "num_parameters": exchange.trainable.size,
-        "trained_steps": loop.steps - start.global_step,
-        "resumed_from": resumed.path if resumed else None,
-        "started_at": started_at,
-    }
-    if comm.rank == 0:
-        result["model_bytes"] = model_to_bytes(model)
-    return result
+        for callback in callbacks:
+            close = getattr(getattr(callback, "client", None), "close", None)
+            if close is not None:
+                close()
+    return WorkerResult(
+        rank=comm.rank,
+        checksum=weights_checksum(model.trainable_variables),
+        loop=loop,
+        num_parameters=exchange.trainable.size,
+        trained_steps=loop.steps - global_step_at_start,
+        started_at=started_at,
+        resumed_from=resumed.path if resumed else None,
+        model_bytes=model_to_bytes(model) if comm.rank == 0 else None,
+    )
+
+
+def _worker_callbacks(
+    spec: WorkerSpec,
+    comm: Communicator,
+    secret: bytes | None,
+    policy: Any,
+    store: Any,
+    run_id: str,
+) -> list[WorkerCallback]:
+    """The worker loop's callbacks, in order: validation adds ``val_*`` to an epoch's figures
+    before the driver sees them; checkpoints come last (they hold the driver's decisions)."""
+    callbacks: list[WorkerCallback] = []
+    if spec.validation is not None:
+        callbacks.append(Validation(spec.validation))
+    if spec.events is not None:
+        from sparkdl.comm.channel import ChannelClient
+        from sparkdl.training.events import DriverLink
+
+        client = None
+        if comm.rank == 0:
+            if secret is None:
+                raise TrainingError("the event channel to the driver needs the job secret")
+            client = ChannelClient(spec.events.address, secret, timeout_s=spec.events.timeout_s)
+        callbacks.append(DriverLink(client, log_every_steps=spec.events.log_every_steps,
+                                    send_weights=spec.events.send_weights))
+    if policy is not None:
+        callbacks.append(Checkpointing(policy, store, run_id))
+    return callbacks
 
 
 def _exchange_state(exchange: Any) -> dict[str, Any]:
@@ -233,6 +352,8 @@ def _worker_state(exchange: Any) -> bytes:
     worker's optimizer sees only its own gradients, so these differ between workers)."""
     import io
 
+    from sparkdl.training.variables import FlatVariables
+
     buffer = io.BytesIO()
     np.savez(
         buffer,
@@ -244,6 +365,8 @@ def _worker_state(exchange: Any) -> bytes:
 
 def _restore_worker_state(exchange: Any, data: bytes) -> None:
     import io
+
+    from sparkdl.training.variables import FlatVariables
 
     with np.load(io.BytesIO(data), allow_pickle=False) as saved:
         residual, optimizer = saved["residual"], saved["optimizer"]

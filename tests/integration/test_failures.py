@@ -243,7 +243,7 @@ def test_resume_continues_a_fit_exactly(spark, digits_shards, make_mlp, tmp_path
     assert fit.metrics["resumed_from"].endswith(f"ckpt-{2 * per_epoch:010d}")
     assert fit.metrics["steps"] == 4 * per_epoch
     assert len(fit.history["loss"]) == 4
-    assert fit.workers[0]["checksum"] == whole.workers[0]["checksum"]
+    assert fit.workers[0].checksum == whole.workers[0].checksum
     # without resume, the same directory starts over
     fresh = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
     again = fresh.fit(digits_shards["train"], epochs=1, checkpoint_dir=ckpt)

@@ -36,7 +36,7 @@ def test_sharing_reaches_accuracy_with_compression_and_identical_replicas(
     spark_model = SparkModel(spark, model_for(digits_shards["train"]), tm)
     fit = spark_model.fit(digits_shards["train"], epochs=12)
 
-    checksums = [w["checksum"] for w in fit.workers]
+    checksums = [w.checksum for w in fit.workers]
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums
     assert fit.metrics["replicas_identical"] is True
     assert fit.metrics["dense_bytes_per_step"] / fit.metrics["bytes_per_step"] >= 50
@@ -68,7 +68,7 @@ def test_spark_rpc_transport_gives_the_same_model_as_tcp(spark, digits_shards, m
             cluster=ClusterConfig(transport=transport),
         )
         fit = spark_model.fit(digits_shards["train"], epochs=1)
-        checksums[transport] = fit.workers[0]["checksum"]
+        checksums[transport] = fit.workers[0].checksum
         assert fit.metrics["replicas_identical"] is True
     assert checksums["tcp"] == checksums["spark"]
 
