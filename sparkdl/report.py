@@ -180,7 +180,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
             sections.append(_section("Throughput", _throughput(history)))
         sections.append(_section("Bytes per step", _bytes(history, metrics)))
         sections.append(_section("Threshold τ and sparsity", _threshold(history, metrics)))
-        sections.append(_section("Time per epoch by phase", _phases(history)))
+        sections.append(_section("Time per epoch by phase", _phases(history, metrics)))
         if evaluation is not None:
             sections.append(_section("Confusion matrix (test data)", _confusion(evaluation)))
             sections.append(_section("Per-class figures (test data)", _class_table(evaluation)))
@@ -243,6 +243,13 @@ def _bytes(history: Mapping[str, list[float]], metrics: Mapping[str, Any]) -> st
     received = history.get("bytes_received_per_step")
     if _any(received):
         ax.plot(epochs, received, marker="s", linestyle="--", label="received per step")
+    if not _any(sent):  # only the whole fit's figures were recorded
+        for key, label, style in (("bytes_per_step", "sent per step (whole fit)", "-"),
+                                  ("steady_bytes_per_step", "sent per step (after epoch 1)",
+                                   "--")):
+            if metrics.get(key):
+                ax.axhline(metrics[key], linestyle=style, color="tab:blue", label=label)
+        ax.set_xlim(-0.5, max(len(epochs), 1) - 0.5)
     if dense:
         ax.axhline(dense, color="tab:red", linestyle=":", label="dense allreduce")
     ax.set_yscale("log")
@@ -260,7 +267,13 @@ def _threshold(history: Mapping[str, list[float]], metrics: Mapping[str, Any]) -
     tau, sparsity = history.get("tau"), history.get("sparsity")
     if not _any(tau) and not _any(sparsity):
         mode = metrics.get("mode", "unknown")
-        return _note(f"Not a sharing run (mode: {mode}): no threshold τ or sparsity.")
+        if mode != "sharing":
+            return _note(f"Not a sharing run (mode: {mode}): no threshold τ or sparsity.")
+        stats = metrics.get("step_stats") or {}
+        means = ", ".join(f"{name} {_format(stats[key])}" for key, name in
+                          (("tau", "τ"), ("sparsity", "sparsity")) if key in stats)
+        return _note("τ and sparsity were not recorded per epoch for this run"
+                     + (f"; whole-fit means: {means}." if means else "."))
     fig, ax = _figure()
     epochs = _epochs(history)
     lines = []
@@ -278,10 +291,10 @@ def _threshold(history: Mapping[str, list[float]], metrics: Mapping[str, Any]) -
     return _png(fig, ax, "epoch")
 
 
-def _phases(history: Mapping[str, list[float]]) -> str:
+def _phases(history: Mapping[str, list[float]], metrics: Mapping[str, Any]) -> str:
     phases = [p for p in PHASES if _any(history.get(p))]
     if not phases:
-        return _note("No per-phase times were recorded for this run.")
+        return _step_phases(metrics.get("step_timings_s") or {})
     import numpy as np
 
     fig, ax = _figure()
@@ -297,6 +310,24 @@ def _phases(history: Mapping[str, list[float]]) -> str:
     ax.set_ylabel("seconds per epoch (mean over workers)")
     ax.legend(fontsize=9, ncols=2)
     return _png(fig, ax, "epoch")
+
+
+def _step_phases(timings: Mapping[str, float]) -> str:
+    """One stacked bar of the whole fit's mean seconds per step by phase."""
+    phases = [p for p in PHASES if timings.get(p)]
+    if not phases:
+        return _note("No per-phase times were recorded for this run.")
+    fig, ax = _figure((6.4, 2.0))
+    left = 0.0
+    for phase in phases:
+        value = 1e3 * float(timings[phase])
+        ax.barh([0], [value], left=left, label=phase.removesuffix("_s"), height=0.6)
+        left += value
+    ax.set_yticks([0], ["whole fit"])
+    ax.legend(fontsize=9, ncols=len(phases), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    ax.grid(True, axis="x", alpha=0.3)
+    return (_note("Not recorded per epoch for this run: mean time per step over the fit.")
+            + _png(fig, ax, "milliseconds per step (mean over workers)", grid=False))
 
 
 def _confusion(evaluation: Evaluation) -> str:

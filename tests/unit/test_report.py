@@ -139,3 +139,17 @@ def test_report_leaves_pyplot_and_the_backend_alone(tmp_path):
     assert dict(matplotlib.rcParams) == rc
     pyplot = sys.modules.get("matplotlib.pyplot")
     assert pyplot is None or pyplot.get_fignums() == []
+
+
+def test_report_of_whole_fit_figures_only(tmp_path):
+    """metrics.json as the train stage writes it before per-epoch figures: still 4 plots."""
+    metrics = write_run_dir(tmp_path, evaluate=False)
+    metrics["history"] = {k: metrics["history"][k] for k in ("loss", "accuracy")}
+    metrics.update(steady_bytes_per_step=300.0, step_stats={"tau": 6.7e-3, "sparsity": 0.044},
+                   step_timings_s={"compute_s": 0.006, "encode_s": 4.5e-4,
+                                   "communicate_s": 2.3e-3, "decode_s": 5.1e-4})
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    page = build_report(tmp_path)
+    assert len(_images(page)) == 4  # loss, accuracy, bytes (whole fit lines), step phases
+    assert "not recorded per epoch for this run; whole-fit means: τ 0.0067, sparsity 0.044" in page
+    assert "mean time per step over the fit" in page
