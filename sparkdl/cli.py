@@ -1,5 +1,8 @@
 """Command line for the job stages: ``sparkdl STAGE --conf FILE [--set key=value ...]``.
 
+``sparkdl report RUN_DIR`` (re)writes ``RUN_DIR/report.html`` from its ``metrics.json`` and
+``evaluation.json``.
+
 ``sparkdl samples [DIR]`` writes the sample inputs of ``conf/mnist.yaml``, ``conf/csv.yaml``
 and ``conf/images.yaml`` (default ``data/``, where those confs look).
 
@@ -59,10 +62,30 @@ def samples_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def report_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sparkdl report",
+        description="Write RUN_DIR/report.html: plots of a run's history and evaluation.",
+    )
+    parser.add_argument("run_dir", help="a run's output.dir (holds metrics.json)")
+    args = parser.parse_args(argv)
+    from sparkdl.report import write_report
+
+    try:
+        path = write_report(args.run_dir)
+    except SparkDLError as exc:
+        print(f"sparkdl report: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps({"report": str(path)}), flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if stage is None and argv[:1] == ["samples"]:
         return samples_main(argv[1:])
+    if stage is None and argv[:1] == ["report"]:
+        return report_main(argv[1:])
     args = build_parser(stage).parse_args(argv)
     stage = stage or args.stage
     configure_logging(args.log_level)

@@ -128,6 +128,14 @@ class OutputConfig(_Section):
     dir: str = "runs/digits"
 
 
+class TrackingConfig(_Section):
+    """Experiment tracking: ``mlflow`` is an MLflow tracking URI (``file:///path/mlruns``,
+    ``http://host:5000``); ``None`` tracks nothing. Needs ``pip install 'sparkdl[mlflow]'``."""
+
+    mlflow: str | None = None
+    experiment: str = "sparkdl"
+
+
 class JobConfig(_Section):
     """A whole job: every section is optional and has defaults."""
 
@@ -136,6 +144,7 @@ class JobConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
