@@ -433,3 +433,41 @@ def test_wire_integrity_keyword() -> None:
     with pytest.raises(ConfigurationError, match="wire_integrity"):
         create_communicator("spark", 0, 1, lambda s: [s], secret=SECRET, timeout_s=1,
                             wire_integrity="sha")
+
+
+def _rank1_message(array: np.ndarray) -> str:
+    """What rank 1 of the spark transport (with MAC) posts for ``allreduce(array)``."""
+    from sparkdl.comm import AllGatherCommunicator
+
+    captured: list[str] = []
+
+    def capture(text: str) -> list[str]:
+        captured.append(text)
+        raise RuntimeError("captured")
+
+    comm = AllGatherCommunicator(1, 2, capture, secret=SECRET, wire_integrity="mac")
+    with pytest.raises(CommunicationError):
+        comm.allreduce(array)
+    return captured[0]
+
+
+@pytest.mark.parametrize("how", ["intact", "altered", "replayed"])
+def test_spark_transport_mac(how: str) -> None:
+    from sparkdl.comm import AllGatherCommunicator
+
+    theirs = _rank1_message(np.full(4, 2.0))
+    if how == "altered":  # one base64 character of the payload changed
+        head, _, tail = theirs.rpartition("|")
+        head = head[:-3] + ("A" if head[-3] != "A" else "B") + head[-2:]
+        theirs = f"{head}|{tail}"
+
+    def exchange(text: str) -> list[str]:
+        return [text, text if how == "replayed" else theirs]
+
+    comm = AllGatherCommunicator(0, 2, exchange, secret=SECRET, wire_integrity="mac")
+    if how == "intact":
+        assert comm.allreduce(np.ones(4)).tolist() == [3.0] * 4
+        return
+    with pytest.raises(CommunicationError, match="rank 1 sent a allreduce-float64 message "
+                       "that failed its MAC"):
+        comm.allreduce(np.ones(4))
