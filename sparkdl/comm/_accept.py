@@ -77,6 +77,10 @@ class AcceptLoop:
         with self._lock:
             self._pending.pop(conn, None)
 
+    def detach(self, conn: socket.socket) -> None:
+        """Hand ``conn`` over to the caller: :meth:`stop` will no longer shut it down."""
+        self._forget(conn)
+
     def stop(self, *, live: bool = True) -> None:
         """Stop accepting, close the listener and shut down every connection still in its
         handshake (and, with ``live``, every connection whose handler still runs)."""

@@ -28,6 +28,7 @@ MAC_BYTES = 32
 _IDENT = struct.Struct("<II")  # connector rank, world size
 CONNECTOR_REPLY_BYTES = len(MAGIC) + _IDENT.size + NONCE_BYTES + MAC_BYTES
 HANDSHAKE_BYTES_ACCEPTOR = len(MAGIC) + NONCE_BYTES + MAC_BYTES
+_RECV_CHUNK = 1 << 20
 
 
 class AuthenticationError(CommunicationError):
@@ -74,19 +75,18 @@ def _mac(secret: bytes, role: bytes, ctx: bytes, ident: bytes, na: bytes, nc: by
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """Blocking read of exactly ``n`` bytes before ``deadline`` (monotonic)."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
+    """Blocking read of exactly ``n`` bytes before ``deadline`` (monotonic). Memory grows with
+    the bytes that arrive, never with ``n`` alone (a peer may declare any length)."""
+    buf = bytearray()
+    while len(buf) < n:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError(f"timed out after receiving {got} of {n} bytes")
+            raise TimeoutError(f"timed out after receiving {len(buf)} of {n} bytes")
         sock.settimeout(remaining)
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError(f"connection closed after {got} of {n} bytes")
-        got += k
+        chunk = sock.recv(min(n - len(buf), _RECV_CHUNK))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
     return bytes(buf)
 
 

@@ -153,6 +153,8 @@ class _MacOut(_Out):
     def data(self, view: memoryview) -> None:  # type: ignore[override]
         while len(view):
             take = min(len(view), self._record_left)
+            if not take:
+                raise CommunicationError("internal error: payload queued past its frame")
             piece = view[:take]
             self._h.update(piece)
             self.append(piece)
@@ -1107,6 +1109,7 @@ class _Acceptor:
                 raise
             with self._lock:
                 if self._result is None and not self._stopped:
+                    self._loop.detach(conn)  # before wait() can return and stop() shut it
                     self._result = conn
                     self.shm = link
                     self.session = session

@@ -156,6 +156,29 @@ def test_a_huge_declared_length_is_not_allocated_and_fails_cleanly(length: int) 
     assert "unusable after an earlier failure" in after, after
 
 
+def _store_declared_gigabyte() -> tuple[float, list[str]]:
+    from sparkdl.comm import _auth
+    from sparkdl.comm.rendezvous import _CTX, _LEN, TcpStoreServer
+
+    with TcpStoreServer(SECRET) as server:
+        host, _, port = server.address.rpartition(":")
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            _auth.authenticate_connector(sock, SECRET, _CTX, 0, 1, time.monotonic() + 5)
+            sock.sendall(_LEN.pack(1 << 30) + b'{"key"')
+            time.sleep(0.5)
+        time.sleep(0.2)
+        grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+        exchange = store_exchange(server.address, 0, 1, secret=SECRET, timeout_s=5)
+        return grown_mib, exchange("still serving")
+
+
+def test_store_does_not_allocate_a_declared_frame_length() -> None:
+    grown_mib, answer = run_in_child(_store_declared_gigabyte, timeout=30)
+    assert answer == ["still serving"]
+    assert grown_mib < 64, f"{grown_mib:.0f} MiB allocated for a declared 1 GiB frame"
+
+
 # 7. Each collective has a total deadline --------------------------------------------------------
 
 
