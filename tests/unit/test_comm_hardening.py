@@ -113,6 +113,45 @@ def test_ring_and_store_keep_accepting_after_running_out_of_file_descriptors() -
     assert "ring:" in stderr and "store:" in stderr
 
 
+def test_unauthenticated_connections_are_bounded_oldest_dropped_first() -> None:
+    from sparkdl.comm._accept import AcceptLoop
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    port = listener.getsockname()[1]
+    handlers = []
+
+    def handle(conn: socket.socket, addr: object) -> None:  # an idle client's handshake
+        handlers.append(threading.current_thread())
+        conn.settimeout(10)
+        with contextlib.suppress(OSError):
+            conn.recv(1)
+        conn.close()
+
+    loop = AcceptLoop(listener, handle, what="test", max_pending=4)
+    loop.start()
+    clients = []
+    try:
+        for _ in range(10):
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        deadline = time.monotonic() + 5
+        while loop.dropped < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert loop.dropped == 6
+        for client in clients[:6]:  # the oldest were shut down ...
+            client.settimeout(5)
+            assert client.recv(1) == b""
+        for client in clients[6:]:  # ... the newest are still waiting in their handshake
+            client.settimeout(0.1)
+            with pytest.raises(TimeoutError):
+                client.recv(1)
+        time.sleep(0.1)
+        assert sum(t.is_alive() for t in handlers) == 4
+    finally:
+        for client in clients:
+            client.close()
+        loop.stop()
+
+
 # 6. A declared length is never allocated before the bytes arrive --------------------------------
 
 
