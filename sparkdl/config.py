@@ -38,7 +38,7 @@ class ClusterConfig(_Section):
     port_range: str | None = None
     wire_integrity: Literal["none", "mac"] = Field(
         default="none",
-        description="'mac': every frame between workers carries a keyed MAC (BLAKE2b, from "
+        description="'mac': every frame between workers carries a keyed MAC (HMAC-SHA256, from "
         "the per-job secret) that is verified before use; 'none': frames are authenticated "
         "only by each connection's handshake.",
     )
