@@ -195,6 +195,48 @@ def test_a_huge_declared_length_is_not_allocated_and_fails_cleanly(length: int) 
     assert "unusable after an earlier failure" in after, after
 
 
+def _out_of_memory_while_receiving() -> tuple[str, bool, str]:
+    fake = FakeRank1()
+    comm = connect_ring(0, 2, fake.exchange, secret=SECRET, timeout_s=10, shared_memory=False)
+    fake.wait()
+    length = 256 << 20
+    payload = bytes(length)  # really sent: the receiver's buffer grows until memory runs out
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            fake.to_real.sendall(_HDR.pack(_MAGIC, _OP_ALLGATHER, 0, 0, length))
+            fake.to_real.sendall(payload)
+
+    with open("/proc/self/statm") as fh:
+        vm_bytes = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (vm_bytes + (96 << 20), resource.RLIM_INFINITY))
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    try:
+        comm.allgather(b"hello")
+        error = "no error"
+    except CommunicationError as exc:
+        error = f"CommunicationError: {exc}"
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    closed = comm._prev.fileno() == -1 and comm._next.fileno() == -1
+    try:
+        comm.allgather(b"again")
+        after = "no error"
+    except CommunicationError as exc:
+        after = str(exc)
+    fake.close()
+    thread.join(timeout=5)
+    return error, closed, after
+
+
+def test_running_out_of_memory_while_receiving_is_a_communication_error() -> None:
+    error, closed, after = run_in_child(_out_of_memory_while_receiving, timeout=60)
+    assert error.startswith("CommunicationError: rank 0: out of memory"), error
+    assert "rank 1 (127.0.0.1:" in error, error
+    assert closed and "unusable after an earlier failure" in after, after
+
+
 def _store_declared_gigabyte() -> tuple[float, list[str]]:
     from sparkdl.comm import _auth
     from sparkdl.comm.rendezvous import _CTX, _LEN, TcpStoreServer
