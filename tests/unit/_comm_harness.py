@@ -231,7 +231,7 @@ class FakeRank1:
             sock = socket.create_connection((host, int(port)), timeout=5)
             _auth.authenticate_connector(sock, SECRET, _RING_CTX + b"0", 1, 2, self._deadline)
             _shm.negotiate_connector(sock, False, 1, 4096, self._deadline)
-            self.listener_timeout()
+            self._listener.settimeout(max(0.1, self._deadline - time.monotonic()))
             conn, _ = self._listener.accept()
             _auth.authenticate_acceptor(conn, SECRET, _RING_CTX + b"1", self._deadline)
             _shm.negotiate_acceptor(conn, False, 1, 4096, self._deadline)
@@ -243,9 +243,6 @@ class FakeRank1:
         finally:
             self._listener.close()
             self.ready.set()
-
-    def listener_timeout(self) -> None:
-        self._listener.settimeout(max(0.1, self._deadline - time.monotonic()))
 
     def wait(self) -> None:
         assert self.ready.wait(max(0.0, self._deadline - time.monotonic()) + 1)
