@@ -36,6 +36,12 @@ class ClusterConfig(_Section):
     timeout_s: float = Field(default=120.0, gt=0)
     network_mask: str | None = None
     port_range: str | None = None
+    wire_integrity: Literal["none", "mac"] = Field(
+        default="none",
+        description="'mac': every frame between workers carries a keyed MAC (HMAC-SHA256, from "
+        "the per-job secret) that is verified before use; 'none': frames are authenticated "
+        "only by each connection's handshake.",
+    )
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("spark_conf", mode="before")

@@ -1,5 +1,6 @@
 """Collectives benchmark: our ring (TCP control, shared-memory payload between ranks on the
-same host; also timed with shared memory off) against a one-stream loopback socket copy of the same
+same host; also timed with shared memory off, and with shared memory off plus a MAC on every
+record, ``wire_integrity="mac"``) against a one-stream loopback socket copy of the same
 bytes (the transport's limit) and TensorFlow's MultiWorkerMirroredStrategy all_reduce (the
 peer), all alternated in one run on persistent local worker processes."""
 
@@ -31,13 +32,28 @@ ALLGATHER_REPS = 200
 
 
 def _ring_worker(
-    conn: Any, rank: int, world: int, address: str, secret: bytes, key: str, shm: bool = True
+    conn: Any,
+    rank: int,
+    world: int,
+    address: str,
+    secret: bytes,
+    key: str,
+    shm: bool = True,
+    integrity: str = "none",
 ) -> None:
     from sparkdl.comm import connect_ring, store_exchange
 
     try:
         exchange = store_exchange(address, rank, world, key=key, secret=secret, timeout_s=60)
-        comm = connect_ring(rank, world, exchange, secret=secret, timeout_s=60, shared_memory=shm)
+        comm = connect_ring(
+            rank,
+            world,
+            exchange,
+            secret=secret,
+            timeout_s=60,
+            shared_memory=shm,
+            wire_integrity=integrity,
+        )
         arrays = {n: np.full(n // 4, rank + 1, np.float32) for n in ALLREDUCE_SIZES.values()}
         conn.send(("ready", all(comm.shared_memory)))
         while True:
@@ -245,6 +261,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             [(r, 2, store.address, secret, "ring-2-tcp", False) for r in range(2)],
         )
         groups.append(tcp_only)
+        tcp_mac = _Group(
+            "tcp-2w-mac",
+            fork,
+            _ring_worker,
+            [(r, 2, store.address, secret, "ring-2-mac", False, "mac") for r in range(2)],
+        )
+        groups.append(tcp_mac)
         recv_port = _free_ports(1)[0]
         receiver = _Group("socket-recv", fork, _socket_worker, [("recv", recv_port)])
         groups.append(receiver)
@@ -256,6 +279,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         for world, g in rings.items():
             result[f"ring_shared_memory_{world}w"] = all(g.ready(60))
         tcp_only.ready(60)
+        tcp_mac.ready(60)
         tf_group = None
         if with_tf:
             try:
@@ -281,16 +305,30 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 f"tcp_allreduce_{label}_2w": lambda n=nbytes: rings[2].call("allreduce", n),
                 f"tcp_allreduce_{label}_4w": lambda n=nbytes: rings[4].call("allreduce", n),
                 f"tcp_noshm_allreduce_{label}_2w": lambda n=nbytes: tcp_only.call("allreduce", n),
+                f"tcp_mac_allreduce_{label}_2w": lambda n=nbytes: tcp_mac.call("allreduce", n),
                 f"socket_copy_{label}": lambda n=nbytes: copy(n),
             }
+            tf_failed: list[str] = []
             if tf_group is not None:
-                candidates[f"tf_allreduce_{label}_2w"] = lambda n=nbytes: tf_group.call(
-                    "allreduce", n
-                )
+
+                def tf_call(
+                    n: int = nbytes, group: _Group = tf_group, failed: list[str] = tf_failed
+                ) -> None:
+                    # The reference may abort mid-run (its coordination heartbeat times out
+                    # on a loaded machine): report that, never a time for it.
+                    if failed:
+                        return
+                    try:
+                        group.call("allreduce", n)
+                    except (RuntimeError, TimeoutError) as exc:
+                        failed.append(str(exc).splitlines()[0][:300])
+
+                candidates[f"tf_allreduce_{label}_2w"] = tf_call
             owners = {
                 f"tcp_allreduce_{label}_2w": [rings[2]],
                 f"tcp_allreduce_{label}_4w": [rings[4]],
                 f"tcp_noshm_allreduce_{label}_2w": [tcp_only],
+                f"tcp_mac_allreduce_{label}_2w": [tcp_mac],
                 f"socket_copy_{label}": [sender, receiver],
                 f"tf_allreduce_{label}_2w": [tf_group],
             }
@@ -298,11 +336,17 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             times = alternate(candidates, repeats=repeats, warmup=1)
             for g in groups:
                 g.resume()
+            if tf_failed:
+                times.pop(f"tf_allreduce_{label}_2w", None)
+                result["tf_error"] = f"TF MWMS failed during the {label} runs: {tf_failed[0]}"
+                tf_group = None
             result["cases_s"].update(times)
             sock_t = times[f"socket_copy_{label}"]
             ours2 = times[f"tcp_allreduce_{label}_2w"]
             ours4 = times[f"tcp_allreduce_{label}_4w"]
             plain2 = times[f"tcp_noshm_allreduce_{label}_2w"]
+            mac2 = times[f"tcp_mac_allreduce_{label}_2w"]
+            result[f"allreduce_mac_vs_nomac_{label}_2w"] = mac2 / plain2
             tf_t = times.get(f"tf_allreduce_{label}_2w")
             result[f"allreduce_vs_socket_{label}_2w"] = sock_t / ours2
             result[f"allreduce_vs_socket_{label}_4w"] = sock_t / ours4
@@ -332,6 +376,14 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                     plain2 * 1e3,
                     gbps / plain2,
                     sock_t / plain2,
+                )
+            )
+            rows.append(
+                (
+                    f"allreduce {label} 2 workers (ring, shm off, MAC)",
+                    mac2 * 1e3,
+                    gbps / mac2,
+                    sock_t / mac2,
                 )
             )
             rows.append(
@@ -372,6 +424,12 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             ["case", "ms", "GB/s", "vs socket"],
             rows,
         )
+        for label in ALLREDUCE_SIZES:
+            print(
+                f"allreduce {label}, 2 workers, shm off: wire_integrity=mac takes "
+                f"{result[f'allreduce_mac_vs_nomac_{label}_2w']:.2f}x the time without MAC",
+                flush=True,
+            )
         if tf_group is not None:
             print(
                 f"allreduce 4 MB, 2 workers: ring is "

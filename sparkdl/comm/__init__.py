@@ -43,10 +43,13 @@ def create_communicator(
     network_mask: str | None = None,
     default_host: str | None = None,
     port_range: tuple[int, int] | str | None = None,
+    wire_integrity: str = "none",
 ) -> Communicator:
     """Build the communicator for ``transport``: ``"tcp"`` (direct ring between workers,
     addresses exchanged through ``exchange``) or ``"spark"`` (everything through
-    ``exchange``)."""
+    ``exchange``). ``wire_integrity="mac"`` puts a keyed MAC (from ``secret``) on every
+    frame or message after the handshake and verifies it before use (``cluster.wire_integrity``).
+    """
     if transport == "tcp":
         host = select_bind_address(network_mask, default_host)
         ports = parse_port_range(port_range) if isinstance(port_range, str) else port_range
@@ -58,7 +61,15 @@ def create_communicator(
             timeout_s=timeout_s,
             bind_host=host,
             port_range=ports,
+            wire_integrity=wire_integrity,
         )
     if transport == "spark":
-        return AllGatherCommunicator(rank, world_size, exchange, timeout_s=timeout_s)
+        return AllGatherCommunicator(
+            rank,
+            world_size,
+            exchange,
+            timeout_s=timeout_s,
+            secret=secret,
+            wire_integrity=wire_integrity,
+        )
     raise ConfigurationError(f"transport: expected one of {list(TRANSPORTS)}, got {transport!r}")

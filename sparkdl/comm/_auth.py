@@ -18,6 +18,7 @@ import secrets
 import socket
 import struct
 import time
+from dataclasses import dataclass
 
 from sparkdl.errors import CommunicationError, ConfigurationError
 
@@ -27,10 +28,36 @@ MAC_BYTES = 32
 _IDENT = struct.Struct("<II")  # connector rank, world size
 CONNECTOR_REPLY_BYTES = len(MAGIC) + _IDENT.size + NONCE_BYTES + MAC_BYTES
 HANDSHAKE_BYTES_ACCEPTOR = len(MAGIC) + NONCE_BYTES + MAC_BYTES
+_RECV_CHUNK = 1 << 20
 
 
 class AuthenticationError(CommunicationError):
     """The other end of a connection failed the challenge-response."""
+
+
+@dataclass(frozen=True, repr=False)
+class Session:
+    """An authenticated connection: the connector's verified identity and per-direction keys
+    for frame MACs, derived from the job secret and this handshake's transcript (so they
+    differ on every connection and in each direction)."""
+
+    rank: int
+    world: int
+    key_c2a: bytes
+    """Key for MACs on what the connector sends."""
+    key_a2c: bytes
+    """Key for MACs on what the acceptor sends."""
+
+
+def _session(secret: bytes, ctx: bytes, ident: bytes, na: bytes, nc: bytes) -> Session:
+    root = hashlib.blake2b(secret, digest_size=64, person=b"sparkdl-mac-root").digest()
+    transcript = ctx + b"\0" + ident + na + nc
+
+    def key(direction: bytes) -> bytes:
+        return hashlib.blake2b(direction + transcript, key=root, digest_size=32).digest()
+
+    rank, world = _IDENT.unpack(ident)
+    return Session(rank, world, key(b"C2A"), key(b"A2C"))
 
 
 def check_secret(secret: bytes) -> bytes:
@@ -48,19 +75,18 @@ def _mac(secret: bytes, role: bytes, ctx: bytes, ident: bytes, na: bytes, nc: by
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """Blocking read of exactly ``n`` bytes before ``deadline`` (monotonic)."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
+    """Blocking read of exactly ``n`` bytes before ``deadline`` (monotonic). Memory grows with
+    the bytes that arrive, never with ``n`` alone (a peer may declare any length)."""
+    buf = bytearray()
+    while len(buf) < n:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError(f"timed out after receiving {got} of {n} bytes")
+            raise TimeoutError(f"timed out after receiving {len(buf)} of {n} bytes")
         sock.settimeout(remaining)
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError(f"connection closed after {got} of {n} bytes")
-        got += k
+        chunk = sock.recv(min(n - len(buf), _RECV_CHUNK))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
     return bytes(buf)
 
 
@@ -76,7 +102,13 @@ def send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
 def authenticate_acceptor(
     sock: socket.socket, secret: bytes, ctx: bytes, deadline: float
 ) -> tuple[int, int]:
-    """Run the acceptor side; returns the connector's verified ``(rank, world_size)``.
+    """Run the acceptor side; returns the connector's verified ``(rank, world_size)``."""
+    session = accept_session(sock, secret, ctx, deadline)
+    return session.rank, session.world
+
+
+def accept_session(sock: socket.socket, secret: bytes, ctx: bytes, deadline: float) -> Session:
+    """Run the acceptor side; returns the :class:`Session` (the connector's verified identity).
 
     Raises :class:`AuthenticationError` on a bad MAC or malformed reply, and ``OSError`` /
     ``TimeoutError`` on I/O failure.
@@ -94,14 +126,14 @@ def authenticate_acceptor(
     if not hmac.compare_digest(mac, _mac(secret, b"C", ctx, ident, nonce_a, nonce_c)):
         raise AuthenticationError("HMAC mismatch (wrong secret or tampered handshake)")
     send_all(sock, _mac(secret, b"A", ctx, ident, nonce_a, nonce_c), deadline)
-    rank, world = _IDENT.unpack(ident)
-    return rank, world
+    return _session(secret, ctx, ident, nonce_a, nonce_c)
 
 
 def authenticate_connector(
     sock: socket.socket, secret: bytes, ctx: bytes, rank: int, world_size: int, deadline: float
-) -> None:
-    """Run the connector side, proving ``(rank, world_size)`` and verifying the acceptor."""
+) -> Session:
+    """Run the connector side, proving ``(rank, world_size)`` and verifying the acceptor;
+    returns the :class:`Session`."""
     hello = recv_exact(sock, len(MAGIC) + NONCE_BYTES, deadline)
     if not hello.startswith(MAGIC):
         raise AuthenticationError("bad handshake magic from acceptor (not a sparkdl peer)")
@@ -113,3 +145,4 @@ def authenticate_connector(
     answer = recv_exact(sock, MAC_BYTES, deadline)
     if not hmac.compare_digest(answer, _mac(secret, b"A", ctx, ident, nonce_a, nonce_c)):
         raise AuthenticationError("acceptor failed to prove the job secret")
+    return _session(secret, ctx, ident, nonce_a, nonce_c)

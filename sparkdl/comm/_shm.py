@@ -8,7 +8,10 @@ in it and sends the name; the acceptor opens and maps it, unlinks it and echoes 
 read; the connector checks the echo and confirms. The link is used only when the memory is
 really shared. The name is unlinked as soon as both sides have mapped it (the acceptor unlinks
 right after opening, the connector after the echo or on any failure), so nothing is left in
-``/dev/shm`` even if a process is killed with SIGKILL afterwards.
+``/dev/shm`` even if a process is killed with SIGKILL afterwards. The connector waits at most
+``ECHO_S`` for the echo. A connector killed *during* the setup cannot unlink its segment, so
+names carry the creator's pid (and pid namespace): every connector first sweeps segments whose
+creator is dead (:func:`sweep_stale`).
 
 Wire messages of the negotiation (all after authentication)::
 
@@ -27,10 +30,12 @@ import hashlib
 import logging
 import mmap
 import os
+import re
 import secrets
 import socket
 import stat
 import struct
+import time
 
 import numpy as np
 
@@ -46,6 +51,53 @@ _OFFER_MAGIC = b"SHM1"
 _NAME = struct.Struct("<H")
 _SIZE = struct.Struct("<Q")
 _ZERO_NONCE = bytes(NONCE_BYTES)
+ECHO_S = 5.0
+"""How long the creator of a segment waits for the peer's echo (within the ring deadline)."""
+_TAGGED = re.compile(r"sparkdl-p(\d+)n(\d+)-[0-9a-f]{32}")
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists (another user's)
+        return True
+    return True
+
+
+def sweep_stale() -> list[str]:
+    """Unlink our user's segments in ``/dev/shm`` whose creating process (in our pid
+    namespace) is dead; returns their names. Other names are left alone."""
+    ns = _pid_namespace()
+    swept = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return swept
+    for name in names:
+        m = _TAGGED.fullmatch(name)
+        if m is None or int(m.group(2)) != ns or _alive(int(m.group(1))):
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            os.unlink(path)
+        except OSError:
+            continue
+        swept.append(name)
+    if swept:
+        log.info("ring: removed %d shared-memory segment(s) of dead processes", len(swept))
+    return swept
 
 
 def enabled(requested: bool) -> bool:
@@ -103,7 +155,8 @@ def _unlink(path: str) -> None:
 
 def _create(size: int) -> tuple[str, mmap.mmap, bytes]:
     """Create, reserve and map a fresh 0600 segment; returns (name, mapping, nonce)."""
-    name = f"sparkdl-{secrets.token_hex(16)}"
+    sweep_stale()
+    name = f"sparkdl-p{os.getpid()}n{_pid_namespace()}-{secrets.token_hex(16)}"
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -165,7 +218,7 @@ def negotiate_connector(
         raw = name.encode()
         send_all(sock, _NAME.pack(len(raw)) + raw + _SIZE.pack(size), deadline)
         sent += _NAME.size + len(raw) + _SIZE.size
-        echo = recv_exact(sock, NONCE_BYTES, deadline)
+        echo = recv_exact(sock, NONCE_BYTES, min(deadline, time.monotonic() + ECHO_S))
         received += len(echo)
         ok = echo == nonce
         _unlink(os.path.join(SHM_DIR, name))

@@ -7,7 +7,6 @@ processes an ``exchange`` function with the same contract.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import socket
@@ -18,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkdl.comm import _auth
+from sparkdl.comm._accept import RESOURCE_ERRNOS, AcceptLoop
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 log = logging.getLogger("sparkdl.comm")
@@ -67,7 +67,8 @@ class TcpStoreServer:
         self._rounds: dict[tuple[str, int], _Round] = {}
         self._cond = threading.Condition()
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._accept = AcceptLoop(self._listener, self._handle, what="store")
+        self._started = False
         if start:
             self.start()
 
@@ -78,20 +79,16 @@ class TcpStoreServer:
 
     def start(self) -> None:
         """Start serving in a daemon thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="sparkdl-store", daemon=True)
-            self._thread.start()
+        if not self._started:
+            self._started = True
+            self._accept.start()
 
     def close(self) -> None:
         """Stop accepting connections and wake every waiting request."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+        self._accept.stop(live=False)
 
     def __enter__(self) -> TcpStoreServer:
         return self
@@ -99,21 +96,12 @@ class TcpStoreServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _serve(self) -> None:
-        while not self._closed:
-            try:
-                conn, peer = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(
-                target=self._handle, args=(conn, peer), name="sparkdl-store-conn", daemon=True
-            ).start()
-
     def _handle(self, conn: socket.socket, peer: tuple[Any, ...]) -> None:
         with conn:
             try:
                 deadline = time.monotonic() + _HANDSHAKE_S
                 _auth.authenticate_acceptor(conn, self._secret, _CTX, deadline)
+                self._accept.authenticated(conn)
                 req = _recv_frame(conn, deadline)
                 key, rnd = str(req["key"]), int(req["round"])
                 rank, world = int(req["rank"]), int(req["world"])
@@ -232,6 +220,10 @@ def _connect(host: str, port: int, deadline: float) -> socket.socket:
             raise TimeoutError(f"could not connect to {host}:{port}")
         try:
             return socket.create_connection((host, port), timeout=min(remaining, 5.0))
-        except (TimeoutError, ConnectionRefusedError, ConnectionResetError):
+        except OSError as exc:
+            if not isinstance(
+                exc, TimeoutError | ConnectionRefusedError | ConnectionResetError
+            ) and exc.errno not in RESOURCE_ERRNOS:
+                raise
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)

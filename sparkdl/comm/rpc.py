@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 from collections.abc import Callable
 
 import numpy as np
@@ -21,6 +23,10 @@ class AllGatherCommunicator(Communicator):
 
     Waits are bounded by the ``exchange`` itself (Spark's barrier timeout, or the store's
     ``timeout_s``); ``timeout_s`` is reported in errors.
+
+    ``wire_integrity="mac"`` (needs ``secret``) appends to every message a BLAKE2b tag keyed
+    per sending rank from the job secret, over the operation, sequence number and payload;
+    a message whose tag does not verify raises :class:`CommunicationError` naming the rank.
     """
 
     def __init__(
@@ -30,11 +36,27 @@ class AllGatherCommunicator(Communicator):
         exchange: Callable[[str], list[str]],
         *,
         timeout_s: float = 60.0,
+        secret: bytes | None = None,
+        wire_integrity: str = "none",
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigurationError(
                 f"rank/world_size: expected 0 <= rank < world_size, got {rank}/{world_size}"
             )
+        if wire_integrity not in ("none", "mac"):
+            raise ConfigurationError(
+                f"wire_integrity: expected one of ['none', 'mac'], got {wire_integrity!r}"
+            )
+        self._keys: list[bytes] | None = None
+        if wire_integrity == "mac":
+            if secret is None:
+                raise ConfigurationError("wire_integrity 'mac' needs the job secret")
+            person = b"sparkdl-rpc-mac"
+            root = hashlib.blake2b(bytes(secret), digest_size=64, person=person).digest()
+            self._keys = [
+                hashlib.blake2b(b"rank %d" % r, key=root, digest_size=32).digest()
+                for r in range(world_size)
+            ]
         self.rank = rank
         self.world_size = world_size
         self.counters = TrafficCounters()
@@ -49,6 +71,8 @@ class AllGatherCommunicator(Communicator):
         seq = self._seq
         self._seq += 1
         text = f"{_PREFIX}|{op}|{seq}|{base64.b64encode(payload).decode('ascii')}"
+        if self._keys is not None:
+            text += "|" + self._tag(self.rank, op, seq, payload)
         try:
             replies = self._exchange(text)
         except CommunicationError:
@@ -67,7 +91,11 @@ class AllGatherCommunicator(Communicator):
         out = []
         for peer, reply in enumerate(replies):
             self.counters.bytes_received += len(reply)
-            parts = str(reply).split("|", 3)
+            reply = str(reply)
+            tag = None
+            if self._keys is not None:
+                reply, _, tag = reply.rpartition("|")
+            parts = reply.split("|", 3)
             if len(parts) != 4 or parts[0] != _PREFIX or parts[1] != op or parts[2] != str(seq):
                 head = "|".join(parts[:3])[:60]
                 raise CommunicationError(
@@ -80,7 +108,20 @@ class AllGatherCommunicator(Communicator):
                 raise CommunicationError(
                     f"rank {self.rank}: rank {peer} sent a malformed {op} message"
                 ) from exc
+            if tag is not None and not hmac.compare_digest(
+                tag, self._tag(peer, op, seq, out[-1])
+            ):
+                raise CommunicationError(
+                    f"rank {self.rank}: rank {peer} sent a {op} message that failed its MAC "
+                    "(altered or injected)"
+                )
         return out
+
+    def _tag(self, rank: int, op: str, seq: int, payload: bytes | memoryview) -> str:
+        assert self._keys is not None
+        h = hashlib.blake2b(f"{op}|{seq}|".encode(), key=self._keys[rank], digest_size=16)
+        h.update(payload)
+        return h.hexdigest()
 
     def allgather(self, message: bytes | memoryview) -> list[bytes]:
         return self._round("allgather", message)

@@ -13,15 +13,28 @@ shared-memory ring of slots instead of the socket: the frame header still goes o
 the ``_SHM_FLAG`` bit set in its op, followed by one small notice per filled slot; the receiver
 consumes each slot in place (adding it straight into the output during reduce-scatter) and
 returns a one-byte credit on the same connection. Every wait is therefore still a wait on a
-socket, bounded by the same inactivity timeout, and a dead peer is still seen as a closed
-connection. Payload bytes moved through shared memory count in :class:`TrafficCounters` as if
-they had been sent on the wire (plus the notices and credits that really are), so traffic
-metrics are comparable with and without it.
+socket, and a dead peer is still seen as a closed connection. Payload bytes moved through
+shared memory count in :class:`TrafficCounters` as if they had been sent on the wire (plus the
+notices and credits that really are), so traffic metrics are comparable with and without it.
+
+Bounds: every collective as a whole must finish within ``timeout_s`` (a peer trickling bytes
+cannot keep it alive); a payload whose length the collective does not imply (allgather,
+broadcast) is received into a buffer that grows with the bytes that arrive, never allocated
+from the declared length; any failure, ``MemoryError`` included, raises
+:class:`CommunicationError`, marks the communicator broken and closes its sockets.
+
+Integrity (``wire_integrity="mac"``): each frame header, and each record of up to
+``MAC_RECORD_BYTES`` of its payload, is followed by a 16-byte tag (HMAC-SHA256, truncated)
+over a record counter and the bytes; keys are per connection and direction
+(:class:`_auth.Session`). Tags are verified before the bytes are used or forwarded, and shared
+memory is not used. Without it, a connection is authenticated only by its handshake: bytes
+altered or injected in an established stream go undetected.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import select
 import socket
@@ -30,10 +43,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from sparkdl.comm import _auth, _shm
+from sparkdl.comm._accept import RESOURCE_ERRNOS, AcceptLoop
 from sparkdl.comm.communicator import Communicator, TrafficCounters
 from sparkdl.errors import CommunicationError, ConfigurationError
 
@@ -63,7 +78,15 @@ SHM_SLOT_BYTES = 2 << 20
 """Bytes per shared-memory slot (a multiple of the page size)."""
 SHM_MIN_BYTES = 32 << 10
 """Payloads shorter than this go over the socket even on a shared-memory link (latency)."""
+HANDSHAKE_S = 10.0
+"""Bound on one connection's authentication and shared-memory negotiation (within the ring's
+own deadline), so idle connections cannot hold a handshake slot for long."""
 _MAX_IOV = 64
+WIRE_INTEGRITY = ("none", "mac")
+MAC_BYTES = 16
+"""Length of the tag (truncated HMAC-SHA256) after every record with ``wire_integrity="mac"``."""
+MAC_RECORD_BYTES = REDUCE_BLOCK_BYTES
+"""Payload bytes per MAC'd record (a frame's payload is cut into records of this size)."""
 _RING_CTX = b"sparkdl-ring-v1:"
 
 
@@ -86,27 +109,106 @@ class _ShmData:
         self.view = view
 
 
-_Out = deque[memoryview | _ShmData]
+class _Out(deque):  # type: ignore[type-arg]
+    """What is queued for the next rank: memoryviews (socket bytes) and :class:`_ShmData`."""
+
+    def header(self, hdr: memoryview, length: int) -> None:
+        self.append(hdr)
+
+    data = deque.append
+    """Queue payload bytes for the socket."""
+
+
+class _Mac:
+    """Keyed tags for one direction of one connection: HMAC-SHA256 truncated to
+    ``MAC_BYTES`` (OpenSSL's, hardware-accelerated where the CPU has SHA extensions: measured
+    faster than keyed BLAKE2b here). The record counter is part of every tag, so a replayed,
+    reordered, dropped or injected record fails verification."""
+
+    __slots__ = ("base", "count")
+
+    def __init__(self, key: bytes) -> None:
+        self.base = hmac.new(key, digestmod="sha256")
+        self.count = 0
+
+    def hasher(self) -> Any:
+        """A keyed hash already fed with the next record number; ``tag()`` ends it."""
+        h = self.base.copy()
+        h.update(self.count.to_bytes(8, "little"))
+        self.count += 1
+        return h
+
+
+def _tag(h: Any) -> bytes:
+    return h.digest()[:MAC_BYTES]
+
+
+class _MacOut(_Out):
+    """A send queue that cuts every frame into records (the header, then payload pieces of up
+    to ``MAC_RECORD_BYTES``) and queues each record's tag right after it."""
+
+    def __init__(self, mac: _Mac) -> None:
+        super().__init__()
+        self._mac = mac
+        self._h: Any = None
+        self._record_left = 0
+        self._frame_left = 0
+
+    def header(self, hdr: memoryview, length: int) -> None:
+        assert self._frame_left == 0, "a frame header queued inside another frame"
+        h = self._mac.hasher()
+        h.update(hdr)
+        self.append(hdr)
+        self.append(memoryview(_tag(h)))
+        self._frame_left = length
+        self._next_record()
+
+    def _next_record(self) -> None:
+        if self._frame_left:
+            self._record_left = min(MAC_RECORD_BYTES, self._frame_left)
+            self._h = self._mac.hasher()
+
+    def data(self, view: memoryview) -> None:  # type: ignore[override]
+        while len(view):
+            take = min(len(view), self._record_left)
+            if not take:
+                raise CommunicationError("internal error: payload queued past its frame")
+            piece = view[:take]
+            self._h.update(piece)
+            self.append(piece)
+            self._record_left -= take
+            self._frame_left -= take
+            view = view[take:]
+            if self._record_left == 0:
+                self.append(memoryview(_tag(self._h)))
+                self._next_record()
 
 
 class _RecvStep:
     """One framed message expected from the previous rank."""
 
-    __slots__ = ("length", "on_data", "on_done", "on_header", "on_shm", "step", "target")
+    __slots__ = (
+        "length", "on_data", "on_done", "on_header", "on_shm", "step", "store", "target"
+    )
 
     def __init__(
         self,
         step: int,
         length: int | None,
-        target: Callable[[int], memoryview],
+        target: Callable[[int], memoryview] | None,
         on_header: Callable[[int], None] | None = None,
         on_data: Callable[[memoryview, int, int], None] | None = None,
         on_done: Callable[[], None] | None = None,
         on_shm: Callable[[np.ndarray, int, int], None] | None = None,
+        store: Callable[[bytearray], None] | None = None,
     ) -> None:
         self.step = step
-        self.length = length  # None: any length (taken from the header)
+        # The collective implies the length: the payload goes straight into target(length).
+        # None: any length (from the header), received into a buffer that grows with the
+        # bytes that really arrive and is handed to store() at the end.
+        self.length = length
         self.target = target
+        self.store = store
         self.on_header = on_header
         self.on_data = on_data
         self.on_done = on_done
@@ -133,6 +235,8 @@ class TcpRingCommunicator(Communicator):
     """Payloads at least this long use the shared-memory link to the next rank, if any."""
     shm_chunk_bytes: int = SHM_SLOT_BYTES
     """At most this many payload bytes per slot (and notice); at most the slot size."""
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    """Longest payload a peer may declare in a frame header."""
 
     def __init__(
         self,
@@ -147,6 +251,8 @@ class TcpRingCommunicator(Communicator):
         counters: TrafficCounters | None = None,
         rx_shm: _shm.ShmLink | None = None,
         tx_shm: _shm.ShmLink | None = None,
+        tx_mac_key: bytes | None = None,
+        rx_mac_key: bytes | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -159,6 +265,12 @@ class TcpRingCommunicator(Communicator):
         self._rx = rx_shm  # shared memory on the link prev -> me
         self._tx = tx_shm  # shared memory on the link me -> next
         self._acks_owed = 0  # credits for consumed slots not yet returned to prev
+        if (tx_mac_key is None) != (rx_mac_key is None) or (
+            tx_mac_key is not None and (rx_shm is not None or tx_shm is not None)
+        ):
+            raise ConfigurationError("wire MACs need keys for both links and no shared memory")
+        self._tx_mac = _Mac(tx_mac_key) if tx_mac_key is not None else None
+        self._rx_mac = _Mac(rx_mac_key) if rx_mac_key is not None else None
         self._seq = 0
         self._broken: str | None = None
         self._closed = False
@@ -173,8 +285,15 @@ class TcpRingCommunicator(Communicator):
         return (
             f"TcpRingCommunicator(rank={self.rank}, world_size={self.world_size}, "
             f"prev={self._prev_peer}, next={self._next_peer}, "
-            f"shm_in={self._rx is not None}, shm_out={self._tx is not None})"
+            f"shm_in={self._rx is not None}, shm_out={self._tx is not None}, "
+            f"mac={self._tx_mac is not None})"
         )
+
+    @property
+    def wire_integrity(self) -> str:
+        """``"mac"`` when every record on the wire carries a verified keyed MAC, else
+        ``"none"``."""
+        return "none" if self._tx_mac is None else "mac"
 
     @property
     def shared_memory(self) -> tuple[bool, bool]:
@@ -206,7 +325,7 @@ class TcpRingCommunicator(Communicator):
         seq = self._begin()
         msgs: list[bytes | bytearray | memoryview] = [b""] * n
         msgs[r] = data
-        sendq: _Out = deque()
+        sendq = self._out()
         self._send_frame(sendq, _OP_ALLGATHER, 0, seq, data)
         steps = []
         for k in range(n - 1):
@@ -225,7 +344,7 @@ class TcpRingCommunicator(Communicator):
         if n == 1:
             return bytes(memoryview(message).cast("B"))  # type: ignore[arg-type]
         seq = self._begin()
-        sendq: _Out = deque()
+        sendq = self._out()
         if r == root:
             data = memoryview(message).cast("B")  # type: ignore[arg-type]
             self._send_frame(sendq, _OP_BROADCAST, 0, seq, data)
@@ -254,13 +373,16 @@ class TcpRingCommunicator(Communicator):
     def _header(self, sendq: _Out, op: int, step: int, seq: int, length: int) -> bool:
         """Queue a frame header; returns whether its payload goes through shared memory."""
         shm = self._tx is not None and length > 0 and length >= self.shm_min_bytes
-        sendq.append(_header(op | _SHM_FLAG if shm else op, step, seq, length))
+        sendq.header(_header(op | _SHM_FLAG if shm else op, step, seq, length), length)
         return shm
 
     def _send_frame(self, sendq: _Out, op: int, step: int, seq: int, data: memoryview) -> None:
         shm = self._header(sendq, op, step, seq, len(data))
         if len(data):
-            sendq.append(_ShmData(data) if shm else data)
+            if shm:
+                sendq.append(_ShmData(data))
+            else:
+                sendq.data(data)
 
     # Ring algorithms ------------------------------------------------------------------------
 
@@ -276,10 +398,8 @@ class TcpRingCommunicator(Communicator):
     ) -> _RecvStep:
         """Receive one variable-size message into ``msgs[slot]``, forwarding it if asked."""
 
-        def target(length: int) -> memoryview:
-            buf = bytearray(length)
+        def store(buf: bytearray) -> None:
             msgs[slot] = buf
-            return memoryview(buf)
 
         next_step = k if op == _OP_BROADCAST else k + 1
         via_shm = [False]
@@ -290,9 +410,12 @@ class TcpRingCommunicator(Communicator):
 
         def on_data(view: memoryview, lo: int, hi: int) -> None:
             if forward:
-                sendq.append(_ShmData(view[lo:hi]) if via_shm[0] else view[lo:hi])
+                if via_shm[0]:
+                    sendq.append(_ShmData(view[lo:hi]))
+                else:
+                    sendq.data(view[lo:hi])
 
-        return _RecvStep(k, None, target, on_header, on_data)
+        return _RecvStep(k, None, None, on_header, on_data, store=store)
 
     def _ring_allreduce(self, src: np.ndarray, code: int) -> np.ndarray:
         """Reduce-scatter then allgather, fully pipelined in one stream of ``2(n-1)`` framed
@@ -313,12 +436,15 @@ class TcpRingCommunicator(Communicator):
         seq = self._begin()
         last = 2 * n - 3
         own = memoryview(mine[r].view(np.uint8))
-        sendq: _Out = deque()
+        sendq = self._out()
         self._send_frame(sendq, code, 0, seq, own)
         via_shm = [False] * (last + 2)  # whether frame k goes out through shared memory
 
         def emit(k: int, view: memoryview) -> None:
-            sendq.append(_ShmData(view) if via_shm[k] else view)
+            if via_shm[k]:
+                sendq.append(_ShmData(view))
+            else:
+                sendq.data(view)
 
         steps = []
         for k in range(last + 1):
@@ -389,6 +515,16 @@ class TcpRingCommunicator(Communicator):
         return out
 
     # The I/O engine -------------------------------------------------------------------------
+
+    def _out(self) -> _Out:
+        return _Out() if self._tx_mac is None else _MacOut(self._tx_mac)
+
+    def _pump(
+        self, opname: str, op: int, seq: int, sendq: _Out, steps: list[_RecvStep]
+    ) -> None:
+        """Send everything in ``sendq`` (which callbacks may extend) to the next rank while
+        receiving ``steps`` from the previous one, all within ``timeout_s``."""
+        _Pump(self, opname, op, seq, sendq, steps).run()
 
     def _begin(self) -> int:
         if self._closed:
@@ -480,177 +616,6 @@ class TcpRingCommunicator(Communicator):
         self._acks_owed -= sent
         self.counters.bytes_sent += sent
 
-    def _pump(
-        self,
-        opname: str,
-        op: int,
-        seq: int,
-        sendq: _Out,
-        steps: list[_RecvStep],
-    ) -> None:
-        """Send everything in ``sendq`` (which callbacks may extend) to the next rank while
-        receiving ``steps`` from the previous one; every wait bounded by ``timeout_s``."""
-        prev, nxt = self._prev, self._next
-        assert prev is not None and nxt is not None
-        counters = self.counters
-        timeout = self.timeout_s
-        rx, tx = self._rx, self._tx
-        hdr = bytearray(_HDR.size)
-        hview = memoryview(hdr)
-        note = bytearray(_NOTE.size)
-        nview = memoryview(note)
-        nsteps = len(steps)
-        si = 0
-        in_header = True
-        shm_step = False  # the current step's payload comes as shared-memory notices
-        got = 0  # header bytes, then payload bytes, received for the current step
-        ngot = 0  # bytes of the current notice received
-        body: memoryview | None = None
-        blen = 0
-        if nsteps and steps[0].length is not None:
-            blen = steps[0].length
-            body = steps[0].target(blen)
-        now = time.monotonic()
-        last_recv = last_send = now
-        monotonic = time.monotonic
-        try:
-            while True:
-                progressed = False
-                waiting_credit = False
-                if sendq:
-                    if type(sendq[0]) is _ShmData:
-                        if tx.credits == 0:  # type: ignore[union-attr]
-                            self._take_credits(opname)
-                        moved = self._fill_slot(sendq)
-                        if moved:
-                            counters.bytes_sent += moved
-                            progressed = True
-                            last_send = monotonic()
-                        else:
-                            waiting_credit = True
-                    if not waiting_credit:
-                        iov: list[memoryview] = []
-                        for item in sendq:
-                            if type(item) is _ShmData or len(iov) == _MAX_IOV:
-                                break
-                            iov.append(item)  # type: ignore[arg-type]
-                        try:
-                            sent = nxt.send(iov[0]) if len(iov) == 1 else nxt.sendmsg(iov)
-                        except BlockingIOError:
-                            sent = 0
-                        except OSError as exc:
-                            raise ConnectionError(
-                                f"sending to {self._next_peer} failed during {opname}: {exc}"
-                            ) from exc
-                        if sent:
-                            counters.bytes_sent += sent
-                            while sent:
-                                head = sendq[0]
-                                if sent >= len(head):  # type: ignore[arg-type]
-                                    sent -= len(head)  # type: ignore[arg-type]
-                                    sendq.popleft()
-                                else:
-                                    sendq[0] = head[sent:]  # type: ignore[index]
-                                    sent = 0
-                            progressed = True
-                            last_send = monotonic()
-                elif tx is not None and tx.credits < tx.slots:
-                    # Done sending: wait for every slot to be consumed, so that no credit is
-                    # left unread on the socket (closing it would then reset the connection).
-                    if self._take_credits(opname):
-                        progressed = True
-                        last_send = monotonic()
-                    else:
-                        waiting_credit = True
-                else:
-                    last_send = monotonic()
-                if self._acks_owed:
-                    self._return_credits(opname)
-                if si < nsteps:
-                    step = steps[si]
-                    try:
-                        if in_header:
-                            if body is not None and blen and rx is None:
-                                k = prev.recvmsg_into([hview[got:], body])[0]
-                            else:
-                                k = prev.recv_into(hview[got:])
-                        elif shm_step:
-                            k = prev.recv_into(nview[ngot:])
-                        else:
-                            assert body is not None
-                            k = prev.recv_into(body[got:])
-                    except BlockingIOError:
-                        k = -1
-                    except OSError as exc:
-                        raise ConnectionError(
-                            f"receiving from {self._prev_peer} failed during {opname}: {exc}"
-                        ) from exc
-                    if k == 0:
-                        raise ConnectionError(
-                            f"{self._prev_peer} closed the connection during {opname} "
-                            "(it failed or exited)"
-                        )
-                    if k > 0:
-                        counters.bytes_received += k
-                        progressed = True
-                        last_recv = monotonic()
-                        if in_header:
-                            got += k
-                            if got >= _HDR.size:
-                                extra = got - _HDR.size
-                                blen, shm_step = self._check_header(hdr, opname, op, seq, step)
-                                if body is None:
-                                    body = step.target(blen)
-                                in_header = False
-                                got = extra
-                                if step.on_header is not None:
-                                    step.on_header(blen)
-                                if extra and step.on_data is not None:
-                                    step.on_data(body, 0, extra)
-                        elif shm_step:
-                            ngot += k
-                            if ngot == _NOTE.size:
-                                ngot = 0
-                                n = self._consume_slot(note, opname, step, body, got, blen)
-                                got += n
-                                counters.bytes_received += n
-                        else:
-                            got += k
-                            if step.on_data is not None:
-                                step.on_data(body, got - k, got)  # type: ignore[arg-type]
-                    if not in_header and got == blen:
-                        if step.on_done is not None:
-                            step.on_done()
-                        si += 1
-                        in_header, got, body, blen, shm_step = True, 0, None, 0, False
-                        if si < nsteps and steps[si].length is not None:
-                            blen = steps[si].length  # type: ignore[assignment]
-                            body = steps[si].target(blen)
-                        progressed = True
-                if si >= nsteps and not sendq and not self._acks_owed and not waiting_credit:
-                    if tx is None or tx.credits == tx.slots:
-                        return
-                    continue
-                if progressed:
-                    continue
-                self._wait(
-                    opname,
-                    si < nsteps,
-                    bool(sendq) and not waiting_credit,
-                    waiting_credit,
-                    last_recv,
-                    last_send,
-                    timeout,
-                )
-        except CommunicationError as exc:
-            raise self._fail(str(exc).removeprefix(f"rank {self.rank}: ")) from None
-        except ConnectionError as exc:
-            raise self._fail(str(exc)) from exc
-        except OSError as exc:
-            raise self._fail(
-                f"socket error during {opname} with {self._prev_peer} / {self._next_peer}: {exc}"
-            ) from exc
-
     def _consume_slot(
         self,
         note: bytearray,
@@ -685,43 +650,6 @@ class TcpRingCommunicator(Communicator):
         self._acks_owed += 1
         return n
 
-    def _wait(
-        self,
-        opname: str,
-        want_recv: bool,
-        want_send: bool,
-        want_credit: bool,
-        last_recv: float,
-        last_send: float,
-        timeout: float,
-    ) -> None:
-        assert self._poller is not None and self._prev is not None and self._next is not None
-        now = time.monotonic()
-        limits = []
-        if want_recv or self._acks_owed:
-            limits.append(last_recv + timeout)
-        if want_send or want_credit:
-            limits.append(last_send + timeout)
-        remaining = min(limits) - now if limits else timeout
-        if remaining <= 0:
-            if (want_recv or self._acks_owed) and now >= last_recv + timeout:
-                what = "sent nothing" if want_recv else "accepted no data"
-                raise CommunicationError(
-                    f"{self._prev_peer} {what} for {timeout:.1f} s during {opname}"
-                )
-            raise CommunicationError(
-                f"{self._next_peer} accepted no data for {timeout:.1f} s during {opname}"
-            )
-        self._set_mask(
-            self._prev.fileno(),
-            (select.POLLIN if want_recv else 0) | (select.POLLOUT if self._acks_owed else 0),
-        )
-        self._set_mask(
-            self._next.fileno(),
-            (select.POLLOUT if want_send else 0) | (select.POLLIN if want_credit else 0),
-        )
-        self._poller.poll(max(1, int(remaining * 1000) + 1))
-
     def _set_mask(self, fd: int, mask: int) -> None:
         assert self._poller is not None
         old = self._masks.get(fd)
@@ -736,7 +664,7 @@ class TcpRingCommunicator(Communicator):
     def _check_header(
         self, hdr: bytearray, opname: str, op: int, seq: int, step: _RecvStep
     ) -> tuple[int, bool]:
-        magic, got_op, got_step, got_seq, length = _HDR.unpack(hdr)
+        magic, got_op, got_step, got_seq, length = _HDR.unpack_from(hdr)
         shm = bool(got_op & _SHM_FLAG)
         got_op &= ~_SHM_FLAG
         want_len = step.length
@@ -746,7 +674,7 @@ class TcpRingCommunicator(Communicator):
             or got_seq != seq
             or got_step != step.step & 0xFFFF
             or (want_len is not None and length != want_len)
-            or length > MAX_MESSAGE_BYTES
+            or length > self.max_message_bytes
             or (shm and (self._rx is None or length == 0))
         ):
             if magic != _MAGIC:
@@ -768,6 +696,379 @@ class TcpRingCommunicator(Communicator):
         return int(length), shm
 
 
+_HEADER, _PAYLOAD, _TAG, _NOTICE = range(4)
+_FIRST_ALLOC = 64 << 10
+"""A payload of undeclared size (allgather, broadcast) starts in a buffer of at most this many
+bytes, which doubles as bytes arrive: a peer's declared length is never allocated up front."""
+
+
+class _Pump:
+    """The I/O of one collective: send everything queued for the next rank (callbacks may
+    extend the queue) while receiving the expected frames (``steps``) from the previous one,
+    on non-blocking sockets driven by ``poll``, all before one total deadline.
+
+    Receive states, for the frame of the current step::
+
+        state     reads                               when complete
+        --------  ----------------------------------  ------------------------------------------
+        _HEADER   the header (+ its MAC tag) into     tag verified, header checked, body set
+                  hdr; without MAC or shared memory,  up -> _PAYLOAD, _NOTICE, or done (empty
+                  also the start of the payload       payload, or all of it already read)
+        _PAYLOAD  payload into body[got:limit]        no MAC: each read handed on, done at the
+                  (limit: record end, buffer end)     end; MAC: at the record end -> _TAG
+        _TAG      the record's MAC tag                verified, record handed on -> _PAYLOAD,
+                                                      or done
+        _NOTICE   one shared-memory notice            slot consumed -> _NOTICE, or done
+        done      on_done (and store), next step -> _HEADER; after the last step, receiving is
+                  finished
+
+    Send side, each turn: shared-memory payload at the head of the queue is copied into a free
+    slot (or we wait for a credit), queued bytes go out with ``sendmsg``, owed credits go back
+    to the previous rank; after the last byte we wait until the next rank consumed every slot.
+    """
+
+    def __init__(
+        self,
+        comm: TcpRingCommunicator,
+        opname: str,
+        op: int,
+        seq: int,
+        sendq: _Out,
+        steps: list[_RecvStep],
+    ) -> None:
+        assert comm._prev is not None and comm._next is not None
+        self.comm = comm
+        self.opname = opname
+        self.op = op
+        self.seq = seq
+        self.sendq = sendq
+        self.steps = steps
+        self.nsteps = len(steps)
+        self.deadline = time.monotonic() + comm.timeout_s
+        self.mac = comm._rx_mac
+        # Header and payload in one recvmsg: only when the payload needs no other handling.
+        self.direct = comm._rx is None and self.mac is None
+        self.hdr = bytearray(_HDR.size + (MAC_BYTES if self.mac is not None else 0))
+        self.hview = memoryview(self.hdr)
+        self.small = bytearray(max(_NOTE.size, MAC_BYTES))  # a notice or a tag
+        self.sview = memoryview(self.small)
+        self.waiting_credit = False
+        self.si = 0
+        self.state = _HEADER
+        self.part = 0  # bytes of the header, notice or tag being read
+        self.got = 0  # payload bytes of the current frame received
+        self.blen = 0  # payload length of the current frame
+        self.body: memoryview | None = None
+        self.buf: bytearray | None = None  # the growing buffer of an undeclared-size payload
+        self.cap = 0  # bytes body can hold
+        self.until = 0  # end of the current record (MAC), else blen
+        self.limit = 0  # min(until, cap): receive up to here
+        self.record = 0  # start of the current record (MAC)
+        self._preallocate()
+
+    def _preallocate(self) -> None:
+        if self.si < self.nsteps:
+            step = self.steps[self.si]
+            if step.length is not None:
+                assert step.target is not None
+                self.body = step.target(step.length)
+                self.cap = step.length
+
+    # The loop ---------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        comm = self.comm
+        monotonic = time.monotonic
+        try:
+            while True:
+                progressed = self._send()
+                if comm._acks_owed:
+                    comm._return_credits(self.opname)
+                if self.si < self.nsteps and self._receive():
+                    progressed = True
+                if (
+                    self.si >= self.nsteps
+                    and not self.sendq
+                    and not comm._acks_owed
+                    and not self.waiting_credit
+                ):
+                    tx = comm._tx
+                    if tx is None or tx.credits == tx.slots:
+                        return
+                    continue
+                if progressed:
+                    if monotonic() > self.deadline:
+                        raise self._overdue()
+                    continue
+                self._wait()
+        except CommunicationError as exc:
+            raise comm._fail(str(exc).removeprefix(f"rank {comm.rank}: ")) from None
+        except ConnectionError as exc:
+            raise comm._fail(str(exc)) from exc
+        except MemoryError as exc:
+            raise comm._fail(
+                f"out of memory receiving {self.blen} bytes from {comm._prev_peer} during "
+                f"{self.opname}"
+            ) from exc
+        except OSError as exc:
+            raise comm._fail(
+                f"socket error during {self.opname} with {comm._prev_peer} / "
+                f"{comm._next_peer}: {exc}"
+            ) from exc
+
+    def _overdue(self) -> CommunicationError:
+        comm, timeout = self.comm, self.comm.timeout_s
+        if self.si < self.nsteps:
+            step = self.steps[self.si]
+            if self.state == _HEADER:
+                what = f"sent nothing of step {step.step}"
+            else:
+                what = f"sent {self.got} of {self.blen} bytes of step {step.step}"
+            return CommunicationError(
+                f"{comm._prev_peer} {what}: {self.opname} not complete within {timeout:.1f} s"
+            )
+        who = comm._next_peer if self.sendq or self.waiting_credit else comm._prev_peer
+        return CommunicationError(
+            f"{who} accepted no more data: {self.opname} not complete within {timeout:.1f} s"
+        )
+
+    def _wait(self) -> None:
+        comm = self.comm
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._overdue()
+        assert comm._poller is not None and comm._prev is not None and comm._next is not None
+        want_send = bool(self.sendq) and not self.waiting_credit
+        comm._set_mask(
+            comm._prev.fileno(),
+            (select.POLLIN if self.si < self.nsteps else 0)
+            | (select.POLLOUT if comm._acks_owed else 0),
+        )
+        comm._set_mask(
+            comm._next.fileno(),
+            (select.POLLOUT if want_send else 0)
+            | (select.POLLIN if self.waiting_credit else 0),
+        )
+        comm._poller.poll(max(1, int(remaining * 1000) + 1))
+
+    # Sending ----------------------------------------------------------------------------------
+
+    def _send(self) -> bool:
+        """One turn of the send side; returns whether anything moved."""
+        comm, sendq, tx = self.comm, self.sendq, self.comm._tx
+        self.waiting_credit = False
+        if not sendq:
+            if tx is not None and tx.credits < tx.slots:
+                # Done sending: wait for every slot to be consumed, so that no credit is
+                # left unread on the socket (closing it would then reset the connection).
+                if comm._take_credits(self.opname):
+                    return True
+                self.waiting_credit = True
+            return False
+        progressed = False
+        if type(sendq[0]) is _ShmData:
+            assert tx is not None
+            if tx.credits == 0:
+                comm._take_credits(self.opname)
+            moved = comm._fill_slot(sendq)
+            if not moved:
+                self.waiting_credit = True
+                return False
+            comm.counters.bytes_sent += moved
+            progressed = True
+        iov: list[memoryview] = []
+        for item in sendq:
+            if type(item) is _ShmData or len(iov) == _MAX_IOV:
+                break
+            iov.append(item)
+        nxt = comm._next
+        assert nxt is not None
+        try:
+            sent = nxt.send(iov[0]) if len(iov) == 1 else nxt.sendmsg(iov)
+        except BlockingIOError:
+            return progressed
+        except OSError as exc:
+            raise ConnectionError(
+                f"sending to {comm._next_peer} failed during {self.opname}: {exc}"
+            ) from exc
+        if not sent:
+            return progressed
+        comm.counters.bytes_sent += sent
+        while sent:
+            head = sendq[0]
+            if sent >= len(head):
+                sent -= len(head)
+                sendq.popleft()
+            else:
+                sendq[0] = head[sent:]
+                sent = 0
+        return True
+
+    # Receiving --------------------------------------------------------------------------------
+
+    def _receive(self) -> bool:
+        """One non-blocking read for the current step; returns whether anything arrived."""
+        comm, state = self.comm, self.state
+        prev = comm._prev
+        assert prev is not None
+        try:
+            if state == _PAYLOAD:
+                assert self.body is not None
+                k = prev.recv_into(self.body[self.got : self.limit])
+            elif state == _HEADER:
+                if self.direct and self.body is not None and self.cap:
+                    k = prev.recvmsg_into([self.hview[self.part :], self.body])[0]
+                else:
+                    k = prev.recv_into(self.hview[self.part :])
+            elif state == _TAG:
+                k = prev.recv_into(self.sview[self.part : MAC_BYTES])
+            else:
+                k = prev.recv_into(self.sview[self.part : _NOTE.size])
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise ConnectionError(
+                f"receiving from {comm._prev_peer} failed during {self.opname}: {exc}"
+            ) from exc
+        if k == 0:
+            raise ConnectionError(
+                f"{comm._prev_peer} closed the connection during {self.opname} "
+                "(it failed or exited)"
+            )
+        comm.counters.bytes_received += k
+        if state == _PAYLOAD:
+            self._payload(k)
+        elif state == _HEADER:
+            self._header(k)
+        elif state == _TAG:
+            self._tag(k)
+        else:
+            self._notice(k)
+        return True
+
+    def _header(self, k: int) -> None:
+        part = self.part + k
+        size = len(self.hdr)
+        if part < size:
+            self.part = part
+            return
+        self.part = 0
+        step = self.steps[self.si]
+        if self.mac is not None:
+            self._verify(self.hview[: _HDR.size], self.hview[_HDR.size :], step, "frame header")
+        blen, shm = self.comm._check_header(self.hdr, self.opname, self.op, self.seq, step)
+        self.blen = blen
+        extra = part - size  # payload bytes that came with the header (direct mode only)
+        if self.body is None:
+            if step.length is not None:
+                assert step.target is not None
+                self.body, self.cap = step.target(blen), blen
+            else:
+                self.buf = bytearray(min(blen, _FIRST_ALLOC))
+                self.body, self.cap = memoryview(self.buf), len(self.buf)
+        self.got = extra
+        if step.on_header is not None:
+            step.on_header(blen)
+        if shm:
+            self.state = _NOTICE
+        else:
+            self.state = _PAYLOAD
+            self.record = 0
+            self.until = blen if self.mac is None else min(MAC_RECORD_BYTES, blen)
+            if extra and step.on_data is not None:
+                step.on_data(self.body, 0, extra)
+        if self.got == blen:
+            self._done(step)
+        else:
+            self._set_limit()
+
+    def _payload(self, k: int) -> None:
+        lo = self.got
+        got = self.got = lo + k
+        if self.mac is None:
+            step = self.steps[self.si]
+            if step.on_data is not None:
+                step.on_data(self.body, lo, got)  # type: ignore[arg-type]
+            if got == self.blen:
+                self._done(step)
+                return
+        elif got == self.until:
+            self.state = _TAG
+            return
+        if got == self.limit:
+            self._set_limit()
+
+    def _tag(self, k: int) -> None:
+        self.part += k
+        if self.part < MAC_BYTES:
+            return
+        self.part = 0
+        step = self.steps[self.si]
+        lo, hi = self.record, self.got
+        assert self.body is not None
+        self._verify(self.body[lo:hi], self.sview[:MAC_BYTES], step, "payload record")
+        if step.on_data is not None:
+            step.on_data(self.body, lo, hi)
+        if hi == self.blen:
+            self._done(step)
+            return
+        self.record = hi
+        self.until = min(hi + MAC_RECORD_BYTES, self.blen)
+        self.state = _PAYLOAD
+        self._set_limit()
+
+    def _notice(self, k: int) -> None:
+        self.part += k
+        if self.part < _NOTE.size:
+            return
+        self.part = 0
+        if self.buf is not None:
+            n = _NOTE.unpack_from(self.small)[3]
+            if self.cap < self.got + n <= self.blen:
+                self._grow(self.got + n)
+        step = self.steps[self.si]
+        note = self.small[: _NOTE.size]
+        n = self.comm._consume_slot(note, self.opname, step, self.body, self.got, self.blen)
+        self.got += n
+        self.comm.counters.bytes_received += n
+        if self.got == self.blen:
+            self._done(step)
+
+    def _set_limit(self) -> None:
+        if self.got == self.cap and self.cap < self.blen:
+            self._grow(0)
+        self.limit = min(self.until, self.cap)
+
+    def _grow(self, need: int) -> None:
+        """Move an undeclared-size payload into a buffer twice as large (at most its length).
+        Views of the old buffer already handed on stay valid."""
+        assert self.buf is not None and self.body is not None
+        new = bytearray(min(self.blen, max(need, 2 * self.cap)))
+        new[: self.got] = self.body[: self.got]
+        self.buf, self.body, self.cap = new, memoryview(new), len(new)
+
+    def _verify(self, data: memoryview, tag: memoryview, step: _RecvStep, what: str) -> None:
+        assert self.mac is not None
+        h = self.mac.hasher()
+        h.update(data)
+        if not hmac.compare_digest(_tag(h), tag):
+            raise CommunicationError(
+                f"{self.comm._prev_peer} sent a {what} that failed its MAC during "
+                f"{self.opname} step {step.step} (bytes altered or injected on the wire)"
+            )
+
+    def _done(self, step: _RecvStep) -> None:
+        if step.on_done is not None:
+            step.on_done()
+        if self.buf is not None and step.store is not None:
+            step.store(self.buf)
+        self.si += 1
+        self.state = _HEADER
+        self.part = self.got = self.blen = self.cap = self.until = self.limit = 0
+        self.body = self.buf = None
+        self._preallocate()
+
+
 # Ring formation -----------------------------------------------------------------------------
 
 
@@ -783,52 +1084,33 @@ class _Acceptor:
         deadline: float,
         shared_memory: bool = False,
     ) -> None:
-        self._listener = listener
         self._shared_memory = shared_memory
         self.shm: _shm.ShmLink | None = None
         self.handshake_bytes = (0, 0)  # shared-memory negotiation bytes (sent, received)
+        self.session: _auth.Session | None = None
         self._secret = secret
         self._ctx = ctx
         self._expected = expected
         self._deadline = deadline
         self._lock = threading.Lock()
-        self._pending: set[socket.socket] = set()
         self._result: socket.socket | None = None
         self._claimed = False
         self._done = threading.Event()
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="sparkdl-ring-accept", daemon=True)
+        self._loop = AcceptLoop(listener, self._handshake, what="ring", deadline=deadline)
 
     def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        self._listener.settimeout(0.1)
-        while not self._stopped and not self._done.is_set():
-            if time.monotonic() >= self._deadline:
-                return
-            try:
-                conn, addr = self._listener.accept()
-            except (TimeoutError, BlockingIOError):
-                continue
-            except OSError:
-                return
-            with self._lock:
-                if self._stopped:
-                    conn.close()
-                    return
-                self._pending.add(conn)
-            threading.Thread(
-                target=self._handshake, args=(conn, addr), name="sparkdl-ring-auth", daemon=True
-            ).start()
+        self._loop.start()
 
     def _handshake(self, conn: socket.socket, addr: tuple[object, ...]) -> None:
         ok = False
+        deadline = min(self._deadline, time.monotonic() + HANDSHAKE_S)
         try:
-            rank, world = _auth.authenticate_acceptor(conn, self._secret, self._ctx, self._deadline)
-            if (rank, world) != self._expected:
+            session = _auth.accept_session(conn, self._secret, self._ctx, deadline)
+            self._loop.authenticated(conn)
+            if (session.rank, session.world) != self._expected:
                 raise _auth.AuthenticationError(
-                    f"authenticated as rank {rank} of {world}, expected rank "
+                    f"authenticated as rank {session.rank} of {session.world}, expected rank "
                     f"{self._expected[0]} of {self._expected[1]}"
                 )
             with self._lock:
@@ -837,7 +1119,7 @@ class _Acceptor:
                 self._claimed = True  # one authenticated peer goes on to negotiate
             try:
                 link, sent, received = _shm.negotiate_acceptor(
-                    conn, self._shared_memory, SHM_SLOTS, SHM_SLOT_BYTES, self._deadline
+                    conn, self._shared_memory, SHM_SLOTS, SHM_SLOT_BYTES, deadline
                 )
             except BaseException:
                 with self._lock:
@@ -845,8 +1127,10 @@ class _Acceptor:
                 raise
             with self._lock:
                 if self._result is None and not self._stopped:
+                    self._loop.detach(conn)  # before wait() can return and stop() shut it
                     self._result = conn
                     self.shm = link
+                    self.session = session
                     self.handshake_bytes = (sent, received)
                     ok = True
                     self._done.set()
@@ -857,8 +1141,6 @@ class _Acceptor:
                 "ring: rejected connection from %s:%s: %s", addr[0], addr[1], exc or type(exc)
             )
         finally:
-            with self._lock:
-                self._pending.discard(conn)
             if not ok:
                 with contextlib.suppress(OSError):
                     conn.close()
@@ -871,17 +1153,7 @@ class _Acceptor:
     def stop(self) -> None:
         with self._lock:
             self._stopped = True
-            pending = list(self._pending)
-            self._pending.clear()
-        for conn in pending:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-                conn.close()
-            except OSError:
-                pass
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        self._thread.join(timeout=1.0)
+        self._loop.stop()
 
 
 def _bind(host: str, port_range: tuple[int, int] | None) -> socket.socket:
@@ -918,46 +1190,60 @@ def _connect(
     secret: bytes,
     deadline: float,
     shared_memory: bool = False,
-) -> tuple[socket.socket, _shm.ShmLink | None, int, int]:
+) -> tuple[socket.socket, _shm.ShmLink | None, int, int, _auth.Session]:
     """Connect to and authenticate with the next rank, then negotiate shared memory; returns
-    (socket, link or None, negotiation bytes sent, received)."""
+    (socket, link or None, negotiation bytes sent, received, session). A connection that is
+    reset or closed before the handshake completes (the peer's listener shedding a flood) is
+    retried until ``deadline``; a failed authentication is not."""
     delay = 0.01
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    last: BaseException | None = None
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise CommunicationError(
                 f"rank {rank}: could not connect to rank {peer_rank} ({host}:{port}) in time"
+                + (f" (last error: {last})" if last else "")
             )
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        _tune(sock)
-        sock.settimeout(remaining)
+        sock: socket.socket | None = None
         try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            _tune(sock)
+            sock.settimeout(remaining)
             sock.connect((host, port))
-        except (ConnectionRefusedError, ConnectionResetError, TimeoutError) as exc:
-            sock.close()
+        except OSError as exc:
+            if sock is not None:
+                sock.close()
             if isinstance(exc, TimeoutError):
                 continue
+            if not isinstance(exc, ConnectionRefusedError | ConnectionResetError) and (
+                exc.errno not in RESOURCE_ERRNOS
+            ):
+                raise CommunicationError(
+                    f"rank {rank}: cannot connect to rank {peer_rank} ({host}:{port}): {exc}"
+                ) from exc
+            last = exc
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(2 * delay, 0.5)
             continue
-        except OSError as exc:
-            sock.close()
-            raise CommunicationError(
-                f"rank {rank}: cannot connect to rank {peer_rank} ({host}:{port}): {exc}"
-            ) from exc
         try:
             ctx = _RING_CTX + str(peer_rank).encode()
-            _auth.authenticate_connector(sock, secret, ctx, rank, world, deadline)
+            session = _auth.authenticate_connector(sock, secret, ctx, rank, world, deadline)
             link, sent, received = _shm.negotiate_connector(
                 sock, shared_memory, SHM_SLOTS, SHM_SLOT_BYTES, deadline
             )
+        except ConnectionError as exc:
+            sock.close()
+            last = exc
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(2 * delay, 0.5)
+            continue
         except (OSError, CommunicationError) as exc:
             sock.close()
             raise CommunicationError(
                 f"rank {rank}: handshake with rank {peer_rank} ({host}:{port}) failed: {exc}"
             ) from exc
-        return sock, link, sent, received
+        return sock, link, sent, received, session
 
 
 def connect_ring(
@@ -971,22 +1257,35 @@ def connect_ring(
     advertise_host: str | None = None,
     port_range: tuple[int, int] | None = None,
     shared_memory: bool = True,
+    wire_integrity: str = "none",
 ) -> TcpRingCommunicator:
     """Form the ring: listen, publish ``host:port`` through ``exchange``, connect to the next
     rank and accept the previous one, each connection authenticated with ``secret``.
 
     With ``shared_memory`` (and unless the environment sets ``SPARKDL_SHM=0``), neighbours
     that prove they share a host move large payloads through shared memory; the sockets stay
-    the control channel (see :mod:`sparkdl.comm._shm`)."""
+    the control channel (see :mod:`sparkdl.comm._shm`).
+
+    ``wire_integrity="mac"`` appends a keyed MAC (HMAC-SHA256, per-connection and per-direction
+    keys from ``secret`` and the handshake, with a record counter) to every record of the
+    stream and verifies it before the bytes are used; shared memory is then not used, so that
+    every payload byte is covered. With ``"none"`` (the default) frames are authenticated
+    only by the connection's handshake: bytes injected into or altered in an established
+    stream are not detected."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigurationError(
             f"rank/world_size: expected 0 <= rank < world_size, got {rank}/{world_size}"
         )
     if timeout_s <= 0:
         raise ConfigurationError(f"timeout_s: expected > 0, got {timeout_s}")
+    if wire_integrity not in WIRE_INTEGRITY:
+        raise ConfigurationError(
+            f"wire_integrity: expected one of {list(WIRE_INTEGRITY)}, got {wire_integrity!r}"
+        )
     secret = _auth.check_secret(secret)
     if world_size == 1:
         return TcpRingCommunicator(rank, 1, None, None, None, None, timeout_s=timeout_s)
+    mac = wire_integrity == "mac"
     deadline = time.monotonic() + timeout_s
     listener = _bind(bind_host, port_range)
     port = listener.getsockname()[1]
@@ -994,7 +1293,7 @@ def connect_ring(
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostbyname(socket.gethostname())
     prev_rank, next_rank = (rank - 1) % world_size, (rank + 1) % world_size
-    use_shm = _shm.enabled(shared_memory)
+    use_shm = _shm.enabled(shared_memory) and not mac
     acceptor = _Acceptor(
         listener,
         secret,
@@ -1020,7 +1319,7 @@ def connect_ring(
             )
         nh, np_ = _parse_hostport(addresses[next_rank], next_rank)
         ph, pp = _parse_hostport(addresses[prev_rank], prev_rank)
-        next_sock, tx_shm, tx_sent, tx_received = _connect(
+        next_sock, tx_shm, tx_sent, tx_received, tx_session = _connect(
             nh, np_, next_rank, rank, world_size, secret, deadline, use_shm
         )
         prev_sock = acceptor.wait()
@@ -1054,4 +1353,6 @@ def connect_ring(
         counters=counters,
         rx_shm=acceptor.shm,
         tx_shm=tx_shm,
+        tx_mac_key=tx_session.key_c2a if mac else None,
+        rx_mac_key=acceptor.session.key_c2a if mac and acceptor.session else None,
     )

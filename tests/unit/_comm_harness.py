@@ -163,3 +163,92 @@ def allreduce_until_error(
     except CommunicationError as exc:
         comm.close()
         return str(exc), time.time()
+
+
+def run_in_child(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
+    """Run ``fn(*args)`` in a forked process; return its value or raise AssertionError with its
+    error (the child is killed past ``timeout`` seconds)."""
+    recv_end, send_end = _CTX.Pipe(duplex=False)
+
+    def body() -> None:
+        try:
+            send_end.send(("ok", fn(*args)))
+        except BaseException as exc:
+            send_end.send(("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+    proc = _CTX.Process(target=body, daemon=True)
+    proc.start()
+    send_end.close()
+    try:
+        if not recv_end.poll(timeout):
+            raise AssertionError(f"child did not finish within {timeout} s")
+        kind, value = recv_end.recv()
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(timeout=5)
+    if kind != "ok":
+        raise AssertionError(value)
+    return value
+
+
+class FakeRank1:
+    """Rank 1 of a two-rank ring played with raw sockets and the real secret: the real rank 0
+    (built with ``connect_ring(0, 2, fake.exchange, ...)``) talks to it like to a peer, and a
+    test writes any bytes it likes on ``to_real`` (the stream rank 0 receives from)."""
+
+    def __init__(self, timeout_s: float = 10.0) -> None:
+        import socket
+        import threading
+
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._real: str | None = None
+        self._got_address = threading.Event()
+        self.ready = threading.Event()
+        self.to_real: Any = None  # fake -> rank 0 (rank 0's previous rank)
+        self.from_real: Any = None  # rank 0 -> fake (rank 0's next rank)
+        self.error: BaseException | None = None
+        self._deadline = time.monotonic() + timeout_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def exchange(self, value: str) -> list[str]:
+        self._real = value
+        self._got_address.set()
+        return [value, self.address]
+
+    def _run(self) -> None:
+        import socket
+
+        from sparkdl.comm import _auth, _shm
+        from sparkdl.comm.tcp import _RING_CTX
+
+        try:
+            if not self._got_address.wait(max(0.0, self._deadline - time.monotonic())):
+                raise TimeoutError("rank 0 never published its address")
+            host, _, port = str(self._real).rpartition(":")
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            _auth.authenticate_connector(sock, SECRET, _RING_CTX + b"0", 1, 2, self._deadline)
+            _shm.negotiate_connector(sock, False, 1, 4096, self._deadline)
+            self._listener.settimeout(max(0.1, self._deadline - time.monotonic()))
+            conn, _ = self._listener.accept()
+            _auth.authenticate_acceptor(conn, SECRET, _RING_CTX + b"1", self._deadline)
+            _shm.negotiate_acceptor(conn, False, 1, 4096, self._deadline)
+            sock.settimeout(None)
+            conn.settimeout(5)
+            self.to_real, self.from_real = sock, conn
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self._listener.close()
+            self.ready.set()
+
+    def wait(self) -> None:
+        assert self.ready.wait(max(0.0, self._deadline - time.monotonic()) + 1)
+        assert self.error is None, self.error
+
+    def close(self) -> None:
+        for sock in (self.to_real, self.from_real):
+            if sock is not None:
+                sock.close()

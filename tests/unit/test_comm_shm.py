@@ -159,7 +159,7 @@ def test_segments_are_private_and_randomly_named() -> None:
     try:
         mode = os.stat(os.path.join(_shm.SHM_DIR, name)).st_mode
         assert stat.S_IMODE(mode) == 0o600
-        assert len(name) == len("sparkdl-") + 32
+        assert name.startswith(f"sparkdl-p{os.getpid()}n") and len(name.rsplit("-", 1)[1]) == 32
     finally:
         os.unlink(os.path.join(_shm.SHM_DIR, name))
         mm.close()

@@ -246,4 +246,4 @@ def test_silent_or_dead_peer_makes_every_rank_fail_within_the_timeout(how: str) 
     victim_name = f"rank {victim} (127.0.0.1:"
     assert any(victim_name in m for m in messages), messages
     if how == "stopped":
-        assert any("sent nothing for 3.0 s" in m or "accepted no data" in m for m in messages)
+        assert any("not complete within 3.0 s" in m for m in messages), messages
