@@ -34,6 +34,7 @@ class ParallelWrapper:
         timeout_s: float = 120.0,
         threads_per_worker: int = 1,
         custom_objects: dict[str, Any] | None = None,
+        wire_integrity: str = "none",
     ) -> None:
         if transport not in ("tcp", "spark"):
             raise ConfigurationError(f"transport must be 'tcp' or 'spark', got {transport!r}")
@@ -43,6 +44,7 @@ class ParallelWrapper:
         self.timeout_s = float(timeout_s)
         self.threads_per_worker = int(threads_per_worker)
         self.custom_objects = custom_objects
+        self.wire_integrity = wire_integrity
         self.last_fit: FitResult | None = None
 
     def fit(
@@ -114,7 +116,7 @@ class _ProcessLauncher:
                 context.Process(
                     target=_worker_process,
                     args=(spec, rank, world, server.address, secret, wrapper.transport,
-                          wrapper.timeout_s, results_queue),
+                          wrapper.timeout_s, results_queue, wrapper.wire_integrity),
                     daemon=True,
                 )
                 for rank in range(world)
@@ -165,6 +167,7 @@ def _worker_process(
     transport: str,
     timeout_s: float,
     results_queue: Any,
+    wire_integrity: str = "none",
 ) -> None:
     from sparkdl.training.worker import configure_tensorflow, run_worker
 
@@ -172,7 +175,8 @@ def _worker_process(
         configure_tensorflow(spec.threads)
         exchange = store_exchange(address, rank, world_size, secret=secret, timeout_s=timeout_s)
         comm = create_communicator(
-            transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s
+            transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s,
+            wire_integrity=wire_integrity,
         )
         try:
             result = run_worker(spec, comm, secret=secret)

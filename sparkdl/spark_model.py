@@ -385,6 +385,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
         network_mask=cluster["network_mask"],
         default_host=host,
         port_range=parse_port_range(cluster["port_range"]),
+        wire_integrity=cluster["wire_integrity"],
     )
     try:
         result = run_worker(spec, comm, secret=secret)

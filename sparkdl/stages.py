@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import JobConfig
 from sparkdl.errors import DataError
+from sparkdl.report import HISTORY_FILE, REPORT_FILE, write_history_csv, write_report
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -95,9 +96,16 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
         spark, model, master_from_training_config(config.training), cluster=config.cluster
     )
     training = config.training
+    callbacks = []
+    if training.tensorboard_dir:
+        from sparkdl.callbacks import TensorBoardScalars
+
+        callbacks.append(TensorBoardScalars(as_uri(training.tensorboard_dir),
+                                            update_freq=training.log_every_steps or None))
     fit = spark_model.fit(
         train_uri,
         epochs=training.epochs,
+        callbacks=callbacks,
         validation_data=validation_uri(config),
         validation_freq=training.validation_freq,
         verbose=training.verbose,
@@ -113,8 +121,12 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
     out.mkdir(parents=True, exist_ok=True)
     _save_model_atomically(spark_model.model, out / MODEL_FILE)
     metrics = {**fit.metrics, "history": fit.history, "model": str(out / MODEL_FILE),
-               "train_data": train_uri}
+               "train_data": train_uri, "validation_freq": training.validation_freq,
+               "history_csv": str(out / HISTORY_FILE)}
+    write_history_csv(fit.history, out / HISTORY_FILE, epochs=fit.epoch,
+                      validation_freq=training.validation_freq)
     _write_json_atomically(out / METRICS_FILE, metrics)
+    write_report(out)
     return metrics
 
 
@@ -145,6 +157,7 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
         test_examples=evaluation.count,
     )
     _write_json_atomically(metrics_path, metrics)
+    write_report(out)
     return metrics
 
 
@@ -174,13 +187,23 @@ def run_pipeline(
     run_train(config, spark, resume=resume)
     metrics = run_evaluate(config, spark)
     out = local_path(config.output.dir)
-    return {
+    result = {
         "shards": shards,
         "model": str(out / MODEL_FILE),
         "metrics": str(out / METRICS_FILE),
+        "history": str(out / HISTORY_FILE),
+        "report": str(out / REPORT_FILE),
         "test_accuracy": metrics["test_accuracy"],
         "samples_per_second": metrics["samples_per_second"],
     }
+    if config.tracking.mlflow:
+        from sparkdl.tracking import log_run
+
+        result["mlflow_run_id"] = log_run(
+            config.tracking.mlflow, config.tracking.experiment, config,
+            metrics.get("history", {}), out, out / MODEL_FILE,
+        )
+    return result
 
 
 def _save_model_atomically(model: Any, path: Path) -> None:

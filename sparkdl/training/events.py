@@ -51,13 +51,14 @@ _LOGS_ONLY = (
 
 def needs_weights(callbacks: Sequence[keras.callbacks.Callback]) -> bool:
     """Whether any driver callback may read the model's weights during training."""
+    from sparkdl.callbacks import TensorBoardScalars
     from sparkdl.training.progress import ProgressLogger
 
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.EarlyStopping):
             if callback.restore_best_weights:
                 return True
-        elif not isinstance(callback, (*_LOGS_ONLY, ProgressLogger)):
+        elif not isinstance(callback, (*_LOGS_ONLY, ProgressLogger, TensorBoardScalars)):
             return True
     return False
 
