@@ -30,7 +30,7 @@ _LAZY = {
     "AdaptiveThreshold": "sparkdl.compression.threshold",
     "TargetSparsityThreshold": "sparkdl.compression.threshold",
     "write_shards": "sparkdl.data.writer",
-    "read_metadata": "sparkdl.data.metadata",
+    "read_metadata": "sparkdl.data.files",
 }
 
 __all__ = [

@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     finally:
         if spark is not None:
             spark.stop()  # a job owns its session; stopping it lets executors exit cleanly
-    print(json.dumps(result, indent=2, default=str), flush=True)
+    print(json.dumps(result, default=str), flush=True)  # one JSON object, the last line
     return 0
 
 

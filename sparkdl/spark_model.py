@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import ClusterConfig
-from sparkdl.data.metadata import read_metadata
+from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.evaluation import Evaluation
 from sparkdl.training.masters import TrainingMaster

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +79,7 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
 
     ``resume=True`` continues from the latest checkpoint in ``training.checkpoint_dir``.
     """
-    from sparkdl.data.metadata import read_metadata
+    from sparkdl.data.files import read_metadata
     from sparkdl.models import build_model
     from sparkdl.spark_model import SparkModel
     from sparkdl.training.masters import master_from_training_config
@@ -147,7 +148,7 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
         spark, model, master_from_training_config(config.training), cluster=config.cluster
     )
     evaluation = spark_model.evaluate(test_uri)
-    print(evaluation.stats(), flush=True)
+    print(evaluation.stats(), file=sys.stderr, flush=True)  # stdout carries the result JSON
     _write_json_atomically(out / EVALUATION_FILE, {**evaluation.to_dict(), "test_data": test_uri})
     metrics_path = out / METRICS_FILE
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}

@@ -1,15 +1,15 @@
 """DataSet shards: Parquet + ``_sparkdl.json`` written by Spark, read by training workers.
 
-``metadata`` and ``reader`` import pyarrow and numpy only (they run inside training workers);
-``writer`` needs Spark, imported when ``write_shards`` is called.
+``metadata``, ``files`` and ``reader`` import pyarrow and numpy only (they run inside training
+workers); ``writer`` needs Spark, imported when ``write_shards`` is called.
 """
 
+from sparkdl.data.files import read_metadata
 from sparkdl.data.metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
     ShardFile,
     ShardMetadata,
-    read_metadata,
 )
 from sparkdl.data.reader import (
     ShardReader,

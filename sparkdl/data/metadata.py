@@ -222,14 +222,10 @@ def join(base: str, *parts: str) -> str:
     return out
 
 
-def read_metadata(uri: str, *, verify: bool = True) -> ShardMetadata:
-    """Read and validate ``_sparkdl.json`` of the shard directory at ``uri``.
-
-    Checks that every listed file exists and, with ``verify`` (the default), that every file's
-    Parquet footer matches the metadata: readable, the expected columns and types, the same
-    schema in every file, the listed row groups. Only footers are read, never data.
-    Raises :class:`DataError` naming the file on any problem.
-    """
+def load_metadata(uri: str) -> ShardMetadata:
+    """Read and validate ``_sparkdl.json`` of the shard directory at ``uri`` and check that
+    every listed file exists (``sparkdl.data.files.read_metadata`` also checks the footers).
+    Raises :class:`DataError` naming the file on any problem."""
     fs, path = resolve(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
@@ -251,10 +247,6 @@ def read_metadata(uri: str, *, verify: bool = True) -> ShardMetadata:
             raise DataError(
                 f"shard file {join(uri, f.path)} listed in {METADATA_FILE} does not exist"
             )
-    if verify:
-        from sparkdl.data.reader import verify_files
-
-        verify_files(uri, meta)
     return meta
 
 

@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from sparkdl.data.metadata import ShardFile, ShardMetadata, join, read_metadata, resolve
+from sparkdl.data.files import (
+    ShardFileHandle,
+    empty_arrays,
+    listed_file,
+    read_metadata,
+)
+from sparkdl.data.metadata import ShardMetadata, join
 from sparkdl.errors import ConfigurationError, DataError
-
-FEATURES = "features"
-LABEL = "label"
 
 
 @dataclass
@@ -94,182 +95,6 @@ def plan_slices(
 
 
 # ----------------------------------------------------------------------------------------------
-# Arrow -> numpy conversion and validation
-
-
-def _list_to_numpy(
-    column: pa.ChunkedArray | pa.Array, size: int, *, name: str, source: str, first_row: int
-) -> np.ndarray:
-    """Convert a list<float> column to a (rows, size) float32 array without per-element Python."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    n = len(arr)
-    if arr.null_count:
-        bad = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise DataError(f"{source}: column {name!r} is null at row {first_row + bad}")
-    if pa.types.is_fixed_size_list(arr.type):
-        if arr.type.list_size != size:
-            raise DataError(
-                f"{source}: column {name!r} has fixed length {arr.type.list_size}, "
-                f"expected {size}"
-            )
-        values = arr.flatten()
-    else:
-        offsets = arr.offsets.to_numpy()
-        lengths = np.diff(offsets)
-        wrong = np.flatnonzero(lengths != size)
-        if wrong.size:
-            r = int(wrong[0])
-            raise DataError(
-                f"{source}: column {name!r} row {first_row + r} has {int(lengths[r])} values, "
-                f"expected {size} ({wrong.size} rows of this row group have the wrong length)"
-            )
-        values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    out = values.to_numpy(zero_copy_only=False)
-    if out.dtype != np.float32:
-        out = out.astype(np.float32)
-    return out.reshape(n, size)
-
-
-def _is_float_list(t: pa.DataType) -> bool:
-    return (
-        (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
-        and pa.types.is_floating(t.value_type)
-    )
-
-
-def _validate_schema(schema: pa.Schema, metadata: ShardMetadata, source: str) -> None:
-    for name in (FEATURES, LABEL):
-        if schema.get_field_index(name) < 0:
-            raise DataError(
-                f"{source}: missing column {name!r} (columns: {', '.join(schema.names)})"
-            )
-    ftype = schema.field(FEATURES).type
-    if not _is_float_list(ftype):
-        raise DataError(f"{source}: column 'features' must be list<float32>, got {ftype}")
-    ltype = schema.field(LABEL).type
-    if metadata.label_kind == "class":
-        if not pa.types.is_integer(ltype):
-            raise DataError(f"{source}: column 'label' must be int64 class indices, got {ltype}")
-    elif not _is_float_list(ltype):
-        raise DataError(
-            f"{source}: column 'label' must be list<float32> for regression, got {ltype}"
-        )
-
-
-def _listed_file(uri: str, metadata: ShardMetadata, path: str) -> ShardFile:
-    """The metadata entry of shard file ``path``; an error naming the file if it has none."""
-    entry = next((f for f in metadata.files if f.path == path), None)
-    if entry is None:
-        raise DataError(f"{join(uri, path)} is not listed in the shard metadata")
-    return entry
-
-
-class _ShardFileHandle:
-    """An open Parquet file, validated against the metadata when first opened."""
-
-    def __init__(self, uri: str, path: str, metadata: ShardMetadata) -> None:
-        self.source = join(uri, path)
-        fs, base = resolve(uri)
-        entry = _listed_file(uri, metadata, path)
-        try:
-            self._stream = fs.open_input_file(join(base, path))
-        except (OSError, pa.ArrowException) as exc:
-            raise DataError(f"cannot open shard file {self.source}: {exc}") from None
-        try:
-            self._file = pq.ParquetFile(self._stream)
-        except (OSError, pa.ArrowException) as exc:
-            self._stream.close()
-            raise DataError(
-                f"shard file {self.source} is not a readable Parquet file: {exc}"
-            ) from None
-        _validate_schema(self._file.schema_arrow, metadata, self.source)
-        md = self._file.metadata
-        groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-        if groups != entry.row_groups:
-            raise DataError(
-                f"{self.source}: row groups {groups} differ from the metadata "
-                f"{entry.row_groups}; the file changed after the shards were written"
-            )
-        self.starts = np.concatenate([[0], np.cumsum(groups)]).astype(np.int64).tolist()
-        self.metadata = metadata
-
-    def read_group(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            table = self._file.read_row_group(
-                index, columns=[FEATURES, LABEL], use_threads=False  # we decode in parallel
-            )
-        except (OSError, pa.ArrowException) as exc:
-            raise DataError(
-                f"cannot read row group {index} of shard file {self.source}: {exc}"
-            ) from None
-        return _convert(table, self.metadata, self.source, self.starts[index])
-
-    def read_all(self) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            table = self._file.read(columns=[FEATURES, LABEL])
-        except (OSError, pa.ArrowException) as exc:
-            raise DataError(f"cannot read shard file {self.source}: {exc}") from None
-        return _convert(table, self.metadata, self.source, 0)
-
-    def close(self) -> None:
-        self._file.close()
-        self._stream.close()
-
-
-def verify_files(uri: str, metadata: ShardMetadata) -> None:
-    """Check every listed file's footer against the metadata, before any data is read.
-
-    Raises :class:`DataError` naming the file for an unreadable (corrupt) file, a missing
-    column, a wrong type, row groups that differ from the metadata, or schema drift (a file
-    whose ``features`` / ``label`` types differ from the first file's).
-    """
-    first: tuple[str, pa.DataType, pa.DataType] | None = None
-    for entry in metadata.files:
-        handle = _ShardFileHandle(uri, entry.path, metadata)
-        try:
-            schema = handle._file.schema_arrow
-            types = (schema.field(FEATURES).type, schema.field(LABEL).type)
-        finally:
-            handle.close()
-        if first is None:
-            first = (handle.source, *types)
-            continue
-        for name, want, got in zip((FEATURES, LABEL), first[1:], types):
-            if want != got:
-                raise DataError(
-                    f"schema drift: shard file {handle.source} has column {name!r} of type "
-                    f"{got}, but {first[0]} has {want}"
-                )
-
-
-def _convert(
-    table: pa.Table, metadata: ShardMetadata, source: str, first_row: int
-) -> tuple[np.ndarray, np.ndarray]:
-    x = _list_to_numpy(
-        table.column(FEATURES), metadata.feature_size,
-        name=FEATURES, source=source, first_row=first_row,
-    )
-    x = x.reshape(len(x), *metadata.feature_shape)
-    label = table.column(LABEL)
-    if metadata.label_kind == "class":
-        if label.null_count:
-            raise DataError(f"{source}: column 'label' has {label.null_count} null values")
-        y = label.to_numpy().astype(np.int64, copy=False)
-    else:
-        y = _list_to_numpy(
-            label, metadata.label_size, name=LABEL, source=source, first_row=first_row
-        ).reshape(len(x), *metadata.label_shape)
-    return x, y
-
-
-def _empty(metadata: ShardMetadata) -> tuple[np.ndarray, np.ndarray]:
-    x = np.empty((0, *metadata.feature_shape), np.float32)
-    if metadata.label_kind == "class":
-        return x, np.empty((0,), np.int64)
-    return x, np.empty((0, *metadata.label_shape), np.float32)
-
-
-# ----------------------------------------------------------------------------------------------
 # Reading row groups ahead, on a few threads
 
 
@@ -327,10 +152,10 @@ class _RowGroupFetcher:
         self.name = name
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
-        self._handles: list[OrderedDict[str, _ShardFileHandle]] = []
+        self._handles: list[OrderedDict[str, ShardFileHandle]] = []
         self._handles_lock = threading.Lock()
 
-    def _open(self, path: str) -> _ShardFileHandle:
+    def _open(self, path: str) -> ShardFileHandle:
         handles = getattr(self._local, "handles", None)
         if handles is None:
             handles = self._local.handles = OrderedDict()
@@ -342,7 +167,7 @@ class _RowGroupFetcher:
             return handle
         while len(handles) >= self.max_open_files:
             handles.popitem(last=False)[1].close()
-        handle = handles[path] = _ShardFileHandle(self.uri, path, self.metadata)
+        handle = handles[path] = ShardFileHandle(self.uri, path, self.metadata)
         return handle
 
     def _read(self, path: str, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -599,7 +424,7 @@ class ShardReader:
         if self.shuffle:
             batches = _batches_shuffled(
                 chunks, self.batch_size, self.stats, window=self.shuffle_window, rng=rng,
-                empty=_empty(self.metadata),
+                empty=empty_arrays(self.metadata),
             )
         else:
             batches = _batches_in_order(chunks, self.batch_size, self.stats, last_partial=False)
@@ -639,14 +464,14 @@ def read_all(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read every row of a (small) shard directory, in file order."""
     metadata = metadata or read_metadata(uri)
-    parts = [_ShardFileHandle(uri, f.path, metadata) for f in metadata.files]
+    parts = [ShardFileHandle(uri, f.path, metadata) for f in metadata.files]
     try:
         arrays = [h.read_all() for h in parts]
     finally:
         for h in parts:
             h.close()
     if not arrays:
-        return _empty(metadata)
+        return empty_arrays(metadata)
     return np.concatenate([a[0] for a in arrays]), np.concatenate([a[1] for a in arrays])
 
 
@@ -671,7 +496,7 @@ def iter_batches(
     pieces = [
         (path, i)
         for path in files
-        for i in range(len(_listed_file(uri, metadata, path).row_groups))
+        for i in range(len(listed_file(uri, metadata, path).row_groups))
     ]
     stats = ReaderStats()
     fetcher = _RowGroupFetcher(

@@ -21,16 +21,15 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sparkdl.data.files import FEATURES, LABEL, read_metadata, validate_schema
 from sparkdl.data.metadata import (
     FORMAT_VERSION,
     ShardFile,
     ShardMetadata,
     join,
-    read_metadata,
     resolve,
     write_metadata,
 )
-from sparkdl.data.reader import FEATURES, LABEL, _validate_schema
 from sparkdl.data.spark_errors import spark_data_errors
 from sparkdl.errors import ConfigurationError, DataError, SparkDLError
 
@@ -215,7 +214,7 @@ def _collect_files(
                 pf = pq.ParquetFile(stream)
                 md = pf.metadata
                 groups = [md.row_group(k).num_rows for k in range(md.num_row_groups)]
-                _validate_schema(pf.schema_arrow, meta, join(tmp_uri, src.rsplit("/", 1)[-1]))
+                validate_schema(pf.schema_arrow, meta, join(tmp_uri, src.rsplit("/", 1)[-1]))
         except (OSError, ValueError) as exc:
             raise DataError(f"cannot read the footer of written file {src}: {exc}") from None
         if sum(groups) == 0:

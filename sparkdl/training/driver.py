@@ -122,7 +122,7 @@ def run_fit(
     """Train ``model`` with ``master``'s workers on ``launcher``; returns the history and the
     trained model (rank 0's)."""
     from sparkdl.comm.channel import ChannelServer
-    from sparkdl.data.metadata import read_metadata
+    from sparkdl.data.files import read_metadata
     from sparkdl.training.events import DriverCallbacks, needs_weights
     from sparkdl.training.progress import ProgressLogger, resolve_verbose
     from sparkdl.training.serialization import model_from_bytes
@@ -212,7 +212,7 @@ def _run_with_events(
 
 
 def _validation_spec(options: FitOptions) -> Any:
-    from sparkdl.data.metadata import read_metadata
+    from sparkdl.data.files import read_metadata
     from sparkdl.training.worker import ValidationSpec
 
     uri = options.validation_data

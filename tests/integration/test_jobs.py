@@ -6,9 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+
+from sparkdl.logs import TF_BANNER
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")
@@ -33,11 +37,41 @@ def spark_submit() -> str:
 
 
 def test_pipeline_job_default_conf(tmp_path):
+    """The main job as a user sees it: one progress line per epoch *while* it trains, no
+    TensorFlow banner, history.csv and report.html written, one JSON object last."""
     out, data = tmp_path / "out", tmp_path / "data"
-    proc = run([sys.executable, "jobs/pipeline.py", "--conf", CONF,
-                "--set", f"data.dir={data}", "--set", f"output.dir={out}"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert str(out / "model.keras") in proc.stdout and str(out / "metrics.json") in proc.stdout
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    proc = subprocess.Popen(
+        [sys.executable, "jobs/pipeline.py", "--conf", CONF,
+         "--set", f"data.dir={data}", "--set", f"output.dir={out}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    stderr_lines: list[str] = []
+    drain = threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True)
+    drain.start()
+    arrivals: list[tuple[float, str]] = []
+    try:
+        for line in proc.stdout:  # read as the job writes, not after it ended
+            arrivals.append((time.monotonic(), line.rstrip("\n")))
+        proc.wait(timeout=400)
+    finally:
+        proc.kill()
+    drain.join(10)
+    stdout = "\n".join(text for _, text in arrivals)
+    assert proc.returncode == 0, "".join(stderr_lines)[-3000:]
+    epochs = [(at, text) for at, text in arrivals if text.startswith("epoch ")]
+    assert [text.split()[1] for _, text in epochs] == [f"{e}/12" for e in range(1, 13)], stdout
+    assert "val_loss" in epochs[0][1] and "B/step" in epochs[0][1]
+    # printed as each epoch ended: 11 epochs of training lie between the first and last line
+    assert epochs[-1][0] - epochs[0][0] > 1.0, [at for at, _ in epochs]
+    banner = [line for line in [*stdout.splitlines(), *stderr_lines] if TF_BANNER.search(line)]
+    assert len(banner) <= 2, banner
+    result = json.loads(arrivals[-1][1])  # one JSON object, the last line
+    assert result["model"] == str(out / "model.keras")
+    header = (out / "history.csv").read_text().splitlines()[0].split(",")
+    assert header[:3] == ["epoch", "loss", "accuracy"] and "val_loss" in header
+    report = (out / "report.html").read_text()
+    assert report.count('<img src="data:image/png;base64,') >= 4
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("test_accuracy", "epochs", "steps", "samples_per_second", "bytes_per_step",
                 "dense_bytes_per_step"):

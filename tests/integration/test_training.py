@@ -12,7 +12,7 @@ from sparkdl import (
 )
 from sparkdl.compression import AdaptiveThreshold
 from sparkdl.config import ClusterConfig
-from sparkdl.data.metadata import read_metadata
+from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, DataError
 
 pytestmark = pytest.mark.spark

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from sparkdl.data.files import read_metadata
 from sparkdl.data.metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
     ShardFile,
     ShardMetadata,
-    read_metadata,
     write_metadata,
 )
 from sparkdl.errors import DataError

@@ -1,0 +1,205 @@
+"""Shard files: a Parquet shard opened and checked against ``_sparkdl.json``, decoded to numpy.
+
+:func:`read_metadata` reads the metadata and (by default) checks every listed file's footer
+against it; the reader and the writer use the same checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sparkdl.data.metadata import ShardFile, ShardMetadata, join, load_metadata, resolve
+from sparkdl.errors import DataError
+
+FEATURES = "features"
+LABEL = "label"
+
+
+def read_metadata(uri: str, *, verify: bool = True) -> ShardMetadata:
+    """Read and validate ``_sparkdl.json`` of the shard directory at ``uri``.
+
+    Checks that every listed file exists and, with ``verify`` (the default), that every file's
+    Parquet footer matches the metadata: readable, the expected columns and types, the same
+    schema in every file, the listed row groups. Only footers are read, never data.
+    Raises :class:`DataError` naming the file on any problem.
+    """
+    metadata = load_metadata(uri)
+    if verify:
+        verify_files(uri, metadata)
+    return metadata
+
+
+
+
+def _list_to_numpy(
+    column: pa.ChunkedArray | pa.Array, size: int, *, name: str, source: str, first_row: int
+) -> np.ndarray:
+    """Convert a list<float> column to a (rows, size) float32 array without per-element Python."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n = len(arr)
+    if arr.null_count:
+        bad = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{source}: column {name!r} is null at row {first_row + bad}")
+    if pa.types.is_fixed_size_list(arr.type):
+        if arr.type.list_size != size:
+            raise DataError(
+                f"{source}: column {name!r} has fixed length {arr.type.list_size}, "
+                f"expected {size}"
+            )
+        values = arr.flatten()
+    else:
+        offsets = arr.offsets.to_numpy()
+        lengths = np.diff(offsets)
+        wrong = np.flatnonzero(lengths != size)
+        if wrong.size:
+            r = int(wrong[0])
+            raise DataError(
+                f"{source}: column {name!r} row {first_row + r} has {int(lengths[r])} values, "
+                f"expected {size} ({wrong.size} rows of this row group have the wrong length)"
+            )
+        values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    out = values.to_numpy(zero_copy_only=False)
+    if out.dtype != np.float32:
+        out = out.astype(np.float32)
+    return out.reshape(n, size)
+
+
+def _is_float_list(t: pa.DataType) -> bool:
+    return (
+        (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+        and pa.types.is_floating(t.value_type)
+    )
+
+
+def validate_schema(schema: pa.Schema, metadata: ShardMetadata, source: str) -> None:
+    for name in (FEATURES, LABEL):
+        if schema.get_field_index(name) < 0:
+            raise DataError(
+                f"{source}: missing column {name!r} (columns: {', '.join(schema.names)})"
+            )
+    ftype = schema.field(FEATURES).type
+    if not _is_float_list(ftype):
+        raise DataError(f"{source}: column 'features' must be list<float32>, got {ftype}")
+    ltype = schema.field(LABEL).type
+    if metadata.label_kind == "class":
+        if not pa.types.is_integer(ltype):
+            raise DataError(f"{source}: column 'label' must be int64 class indices, got {ltype}")
+    elif not _is_float_list(ltype):
+        raise DataError(
+            f"{source}: column 'label' must be list<float32> for regression, got {ltype}"
+        )
+
+
+def listed_file(uri: str, metadata: ShardMetadata, path: str) -> ShardFile:
+    """The metadata entry of shard file ``path``; an error naming the file if it has none."""
+    entry = next((f for f in metadata.files if f.path == path), None)
+    if entry is None:
+        raise DataError(f"{join(uri, path)} is not listed in the shard metadata")
+    return entry
+
+
+class ShardFileHandle:
+    """An open Parquet file, validated against the metadata when first opened."""
+
+    def __init__(self, uri: str, path: str, metadata: ShardMetadata) -> None:
+        self.source = join(uri, path)
+        fs, base = resolve(uri)
+        entry = listed_file(uri, metadata, path)
+        try:
+            self._stream = fs.open_input_file(join(base, path))
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"cannot open shard file {self.source}: {exc}") from None
+        try:
+            self._file = pq.ParquetFile(self._stream)
+        except (OSError, pa.ArrowException) as exc:
+            self._stream.close()
+            raise DataError(
+                f"shard file {self.source} is not a readable Parquet file: {exc}"
+            ) from None
+        validate_schema(self._file.schema_arrow, metadata, self.source)
+        md = self._file.metadata
+        groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        if groups != entry.row_groups:
+            raise DataError(
+                f"{self.source}: row groups {groups} differ from the metadata "
+                f"{entry.row_groups}; the file changed after the shards were written"
+            )
+        self.starts = np.concatenate([[0], np.cumsum(groups)]).astype(np.int64).tolist()
+        self.metadata = metadata
+
+    def read_group(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            table = self._file.read_row_group(
+                index, columns=[FEATURES, LABEL], use_threads=False  # we decode in parallel
+            )
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(
+                f"cannot read row group {index} of shard file {self.source}: {exc}"
+            ) from None
+        return _convert(table, self.metadata, self.source, self.starts[index])
+
+    def read_all(self) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            table = self._file.read(columns=[FEATURES, LABEL])
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"cannot read shard file {self.source}: {exc}") from None
+        return _convert(table, self.metadata, self.source, 0)
+
+    def close(self) -> None:
+        self._file.close()
+        self._stream.close()
+
+
+def verify_files(uri: str, metadata: ShardMetadata) -> None:
+    """Check every listed file's footer against the metadata, before any data is read.
+
+    Raises :class:`DataError` naming the file for an unreadable (corrupt) file, a missing
+    column, a wrong type, row groups that differ from the metadata, or schema drift (a file
+    whose ``features`` / ``label`` types differ from the first file's).
+    """
+    first: tuple[str, pa.DataType, pa.DataType] | None = None
+    for entry in metadata.files:
+        handle = ShardFileHandle(uri, entry.path, metadata)
+        try:
+            schema = handle._file.schema_arrow
+            types = (schema.field(FEATURES).type, schema.field(LABEL).type)
+        finally:
+            handle.close()
+        if first is None:
+            first = (handle.source, *types)
+            continue
+        for name, want, got in zip((FEATURES, LABEL), first[1:], types):
+            if want != got:
+                raise DataError(
+                    f"schema drift: shard file {handle.source} has column {name!r} of type "
+                    f"{got}, but {first[0]} has {want}"
+                )
+
+
+def _convert(
+    table: pa.Table, metadata: ShardMetadata, source: str, first_row: int
+) -> tuple[np.ndarray, np.ndarray]:
+    x = _list_to_numpy(
+        table.column(FEATURES), metadata.feature_size,
+        name=FEATURES, source=source, first_row=first_row,
+    )
+    x = x.reshape(len(x), *metadata.feature_shape)
+    label = table.column(LABEL)
+    if metadata.label_kind == "class":
+        if label.null_count:
+            raise DataError(f"{source}: column 'label' has {label.null_count} null values")
+        y = label.to_numpy().astype(np.int64, copy=False)
+    else:
+        y = _list_to_numpy(
+            label, metadata.label_size, name=LABEL, source=source, first_row=first_row
+        ).reshape(len(x), *metadata.label_shape)
+    return x, y
+
+
+def empty_arrays(metadata: ShardMetadata) -> tuple[np.ndarray, np.ndarray]:
+    x = np.empty((0, *metadata.feature_shape), np.float32)
+    if metadata.label_kind == "class":
+        return x, np.empty((0,), np.int64)
+    return x, np.empty((0, *metadata.label_shape), np.float32)
