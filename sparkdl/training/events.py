@@ -228,6 +228,10 @@ class DriverCallbacks:
         if blob:
             self.model.set_weights(weights_from_bytes(blob))
         self.epochs_seen.append(epoch)
+        validation = {k[4:]: v for k, v in logs.items() if k.startswith("val_")}
+        if validation:  # the workers validated: Keras's evaluation hooks, as in Model.fit
+            self.callbacks.on_test_begin()
+            self.callbacks.on_test_end(validation)
         self.callbacks.on_epoch_end(epoch, logs)
         stop = bool(getattr(self.model, "stop_training", False))
         if not stop:

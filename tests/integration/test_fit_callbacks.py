@@ -33,6 +33,9 @@ class Recorder(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.calls.append(("epoch_end", epoch, sorted(logs or {})))
 
+    def on_test_end(self, logs=None):
+        self.calls.append(("test_end", sorted(logs or {})))
+
     def on_train_end(self, logs=None):
         self.calls.append(("train_end", self.model.count_params()))
 
@@ -82,6 +85,8 @@ def test_early_stopping_lr_schedule_csv_and_user_callbacks_on_spark(spark, digit
     batches = [c for c in recorder.calls if c[0] == "batch_end"]
     assert len(batches) >= 2 * (steps // 5) - 1 and "loss" in batches[0][2]
     assert recorder.calls[-1][1] == spark_model.model.count_params()
+    tests = [c for c in recorder.calls if c[0] == "test_end"]
+    assert len(tests) == 2 and tests[0][1] == ["accuracy", "loss"]
 
 
 def test_compiled_metrics_are_exact_against_single_process_evaluate(spark, digits_shards):
@@ -106,10 +111,12 @@ def test_parallel_wrapper_runs_the_same_callbacks_and_keeps_replicas_identical(
     best = tmp_path / "best.keras"
     checkpoint = keras.callbacks.ModelCheckpoint(str(best), monitor="val_accuracy",
                                                  save_best_only=True, mode="max")
+    board = keras.callbacks.TensorBoard(log_dir=str(tmp_path / "tb"))
     wrapper = ParallelWrapper(_model(), DenseTrainingMaster(num_workers=2), timeout_s=60)
     fit = wrapper.fit(digits_shards["train"], epochs=3, verbose=0,
                       validation_data=digits_shards["test"],
-                      callbacks=[schedule, checkpoint, recorder])
+                      callbacks=[schedule, checkpoint, board, keras.callbacks.TerminateOnNaN(),
+                                 recorder])
     assert fit.epoch == [0, 1, 2] and fit.metrics["replicas_identical"] is True
     np.testing.assert_allclose(fit.history["learning_rate"], [0.002, 0.001, 0.0005], rtol=1e-6)
     assert best.is_file()  # ModelCheckpoint saved the driver's copy (weights sent per epoch)
@@ -119,6 +126,16 @@ def test_parallel_wrapper_runs_the_same_callbacks_and_keeps_replicas_identical(
     assert saved.evaluate(x, y, verbose=0, return_dict=True)["accuracy"] == pytest.approx(
         fit.history["val_accuracy"][best_epoch], abs=1e-6)
     assert [c[0] for c in recorder.calls].count("epoch_end") == 3
+    assert _scalar_tags(tmp_path / "tb" / "train") >= {"epoch_loss", "epoch_accuracy"}
+    assert "epoch_loss" in _scalar_tags(tmp_path / "tb" / "validation")
+
+
+def _scalar_tags(log_dir) -> set[str]:
+    import tensorflow as tf
+
+    return {value.tag for path in log_dir.glob("events.out.tfevents.*")
+            for event in tf.compat.v1.train.summary_iterator(str(path))
+            for value in event.summary.value}
 
 
 def test_bad_fit_arguments_are_one_clear_error(spark, digits_shards):
