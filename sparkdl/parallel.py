@@ -10,19 +10,19 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.comm import create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.errors import ConfigurationError, TrainingError
+from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
     from sparkdl.training.driver import FitResult
 
 
-class ParallelWrapper:
+class ParallelWrapper(KerasFit):
     """Train a compiled Keras model with ``training_master.num_workers`` local processes."""
 
     def __init__(
@@ -47,45 +47,11 @@ class ParallelWrapper:
         self.wire_integrity = wire_integrity
         self.last_fit: FitResult | None = None
 
-    def fit(
-        self,
-        data: str,
-        epochs: int = 1,
-        *,
-        validation_data: str | None = None,
-        validation_freq: int = 1,
-        validation_batch_size: int = 256,
-        callbacks: Sequence[Any] | None = None,
-        verbose: int | str = "auto",
-        initial_epoch: int = 0,
-        shuffle: bool = True,
-        log_every_steps: int | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int = 1,
-        checkpoint_unit: str = "epochs",
-        resume: bool = False,
-        prefetch: int = 4,
-        decode_threads: int = 2,
-    ) -> FitResult:
-        """Train on a shard directory, exactly as :meth:`sparkdl.SparkModel.fit` (same
-        arguments, callbacks, validation and checkpoints); the trained model replaces
-        :attr:`model`."""
-        from sparkdl.training.driver import FitOptions, run_fit
+    def _launcher(self) -> _ProcessLauncher:
+        return _ProcessLauncher(self)
 
-        options = FitOptions(
-            epochs=epochs, validation_data=validation_data, validation_freq=validation_freq,
-            validation_batch_size=validation_batch_size, callbacks=callbacks, verbose=verbose,
-            initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
-            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-            checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
-            decode_threads=decode_threads,
-        )
-        history, self.model = run_fit(
-            self.model, self.training_master, _ProcessLauncher(self), data, options,
-            custom_objects=self.custom_objects, timeout_s=self.timeout_s,
-        )
-        self.last_fit = history
-        return history
+    def _channel_settings(self) -> dict[str, Any]:
+        return {"timeout_s": self.timeout_s}
 
 
 class _ProcessLauncher:

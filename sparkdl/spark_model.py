@@ -12,13 +12,13 @@ import logging
 import re
 import secrets
 import socket
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import ClusterConfig
 from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.evaluation import Evaluation
+from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sparkdl")
 
 
-class SparkModel:
+class SparkModel(KerasFit):
     """Train a compiled Keras model on Spark with a training master.
 
     >>> tm = SharedTrainingMaster(batch_size_per_worker=32, num_workers=2)
@@ -60,73 +60,14 @@ class SparkModel:
 
     # Training --------------------------------------------------------------------------
 
-    def fit(
-        self,
-        data: str,
-        epochs: int = 1,
-        *,
-        validation_data: str | None = None,
-        validation_freq: int = 1,
-        validation_batch_size: int = 256,
-        callbacks: Sequence[keras.callbacks.Callback] | None = None,
-        verbose: int | str = "auto",
-        initial_epoch: int = 0,
-        shuffle: bool = True,
-        log_every_steps: int | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int = 1,
-        checkpoint_unit: str = "epochs",
-        resume: bool = False,
-        prefetch: int = 4,
-        decode_threads: int = 2,
-    ) -> FitResult:
-        """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
+    def _launcher(self) -> _SparkLauncher:
+        return _SparkLauncher(self)
 
-        Returns a :class:`keras.callbacks.History` (``history.history`` holds ``loss``, every
-        compiled metric, ``val_*`` and sparkdl's per-epoch figures) that also carries the job's
-        measurements (``.metrics``); the trained model is :attr:`model`.
-
-        Args:
-            data: URI of the training shards (written by the ETL / ``write_shards``).
-            epochs: train until this epoch index (Keras semantics, with ``initial_epoch``).
-            validation_data: URI of validation shards, evaluated distributed at the end of
-                every ``validation_freq``-th epoch (``val_loss`` and ``val_<metric>``).
-            callbacks: Keras callbacks; they run on the driver. Hooks that fire:
-                ``on_train_begin/end``, ``on_epoch_begin/end`` (with the epoch's figures
-                combined over all workers), ``on_train_batch_end`` every ``log_every_steps``
-                steps (rank 0's running figures). ``model.stop_training`` and a new learning
-                rate set by a callback take effect on every worker before the next epoch.
-            verbose: 0 silent, 1 progress bar, 2 one line per epoch; ``"auto"`` is 1 in a
-                terminal or notebook, else 2.
-            log_every_steps: batch events every this many steps (``None``: enough for the bar).
-            checkpoint_dir: rank 0 checkpoints there every ``checkpoint_every`` epochs (or
-                steps, ``checkpoint_unit="steps"``); a retried stage resumes from the latest
-                checkpoint, and ``resume=True`` continues a fit that was killed as a whole.
-            prefetch, decode_threads: row groups each worker's reader decodes ahead, on how
-                many threads (the seeds' ``workerPrefetchNumBatches``).
-        """
+    def _channel_settings(self) -> dict[str, Any]:
         from sparkdl.comm.network import parse_port_range
-        from sparkdl.training.driver import FitOptions, run_fit
 
-        if not isinstance(data, str):
-            raise ConfigurationError(
-                f"fit() takes the URI of a shard directory, got {type(data).__name__}"
-            )
-        options = FitOptions(
-            epochs=epochs, validation_data=validation_data, validation_freq=validation_freq,
-            validation_batch_size=validation_batch_size, callbacks=callbacks, verbose=verbose,
-            initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
-            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-            checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
-            decode_threads=decode_threads,
-        )
-        history, self.model = run_fit(
-            self.model, self.training_master, _SparkLauncher(self), data, options,
-            custom_objects=self.custom_objects, timeout_s=self.cluster.timeout_s,
-            port_range=parse_port_range(self.cluster.port_range),
-        )
-        self.last_fit = history
-        return history
+        return {"timeout_s": self.cluster.timeout_s,
+                "port_range": parse_port_range(self.cluster.port_range)}
 
     def _task_cpus(self) -> int:
         return int(self.spark.sparkContext.getConf().get("spark.task.cpus", "1"))

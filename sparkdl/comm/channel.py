@@ -39,6 +39,7 @@ from sparkdl.comm._auth import (
     recv_exact,
     send_all,
 )
+from sparkdl.comm.network import listen_on
 from sparkdl.errors import CommunicationError
 
 log = logging.getLogger("sparkdl.comm")
@@ -136,7 +137,7 @@ class ChannelServer:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._listener = _listen(bind_host, port_range)
+        self._listener = listen_on(bind_host, port_range, backlog=16)
         self.address = f"{advertise_host}:{self._listener.getsockname()[1]}"
         self._thread = threading.Thread(target=self._accept_loop, name="sparkdl-events",
                                         daemon=True)
@@ -243,17 +244,3 @@ class ChannelClient:
         with contextlib.suppress(OSError):
             self._sock.close()
 
-
-def _listen(host: str, port_range: tuple[int, int] | None) -> socket.socket:
-    ports = range(port_range[0], port_range[1] + 1) if port_range else [0]
-    last: OSError | None = None
-    for port in ports:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind((host, port))
-            sock.listen(16)
-            return sock
-        except OSError as exc:
-            sock.close()
-            last = exc
-    raise CommunicationError(f"no free port for the event listener in {port_range}: {last}")

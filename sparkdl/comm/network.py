@@ -8,8 +8,9 @@ import os
 import socket
 import struct
 import sys
+from collections.abc import Callable
 
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import CommunicationError, ConfigurationError
 
 ENV_IP = "SPARKDL_IP"
 _SIOCGIFCONF = 0x8912
@@ -93,3 +94,30 @@ def parse_port_range(text: str | None) -> tuple[int, int] | None:
     if not 1 <= lo <= hi <= 65535:
         raise ConfigurationError(f"port range: expected 1 <= LOW <= HIGH <= 65535, got {text!r}")
     return lo, hi
+
+
+def listen_on(
+    host: str,
+    port_range: tuple[int, int] | None,
+    *,
+    configure: Callable[[socket.socket], None] | None = None,
+    backlog: int = 64,
+) -> socket.socket:
+    """A listening TCP socket on ``host`` at the first free port of ``port_range`` (any free
+    port when ``None``); ``configure`` tunes the socket before it binds."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    ports = range(port_range[0], port_range[1] + 1) if port_range else [0]
+    last: OSError | None = None
+    for port in ports:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if configure is not None:
+                configure(sock)
+            sock.bind((host, port))
+            sock.listen(backlog)
+            return sock
+        except OSError as exc:
+            sock.close()
+            last = exc
+    raise CommunicationError(f"cannot listen on {host} port range {port_range}: {last}")

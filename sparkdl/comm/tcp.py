@@ -50,6 +50,7 @@ import numpy as np
 from sparkdl.comm import _auth, _shm
 from sparkdl.comm._accept import RESOURCE_ERRNOS, AcceptLoop
 from sparkdl.comm.communicator import Communicator, TrafficCounters
+from sparkdl.comm.network import listen_on
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 log = logging.getLogger("sparkdl.comm")
@@ -1156,24 +1157,6 @@ class _Acceptor:
         self._loop.stop()
 
 
-def _bind(host: str, port_range: tuple[int, int] | None) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    ports = range(port_range[0], port_range[1] + 1) if port_range else [0]
-    last: OSError | None = None
-    for port in ports:
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            _tune(sock)
-            sock.bind((host, port))
-            sock.listen(64)
-            return sock
-        except OSError as exc:
-            sock.close()
-            last = exc
-    raise CommunicationError(f"cannot listen on {host} port range {port_range}: {last}")
-
-
 def _parse_hostport(text: str, rank: int) -> tuple[str, int]:
     host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit() or not host:
@@ -1287,7 +1270,7 @@ def connect_ring(
         return TcpRingCommunicator(rank, 1, None, None, None, None, timeout_s=timeout_s)
     mac = wire_integrity == "mac"
     deadline = time.monotonic() + timeout_s
-    listener = _bind(bind_host, port_range)
+    listener = listen_on(bind_host, port_range, configure=_tune)
     port = listener.getsockname()[1]
     host = advertise_host or bind_host
     if host in ("0.0.0.0", "::", ""):

@@ -16,12 +16,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import keras
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
+from sparkdl.training.launcher import Launcher
 from sparkdl.training.summary import WorkerResult, dense_bytes_per_step, summarize_fit
 
 log = logging.getLogger("sparkdl")
@@ -36,23 +37,6 @@ class FitResult(keras.callbacks.History):
         self.epoch: list[int] = []
         self.metrics: dict[str, Any] = {}
         self.workers: list[WorkerResult] = []
-
-
-class Launcher(Protocol):
-    """Runs ``master.num_workers`` workers of a spec and returns their results."""
-
-    driver_host: str  # the address workers reach the driver at
-    bind_host: str  # where the driver listens
-    threads_per_worker: int
-
-    def check_slots(self, num_workers: int) -> None:
-        """Fail fast when there is no room for ``num_workers`` workers at once."""
-
-    def run(self, spec: Any, secret: bytes) -> list[WorkerResult]:
-        """Run every worker to completion (blocking); raise :class:`TrainingError` on failure."""
-
-    def cancel(self) -> None:
-        """Stop the workers of a running :meth:`run` (called from another thread)."""
 
 
 @dataclass
