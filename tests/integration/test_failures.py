@@ -269,6 +269,13 @@ def test_resume_restores_every_ranks_own_threshold_state(spark, digits_shards, m
         digits_shards["train"], epochs=2, checkpoint_dir=ckpt, checkpoint_every=5,
         checkpoint_unit="steps",
     )
+    latest = sorted((tmp_path / "ckpt").glob("ckpt-*"))[-1]
+    saved_taus = []
+    for rank in range(2):
+        with np.load(latest / "workers" / f"rank-{rank:05d}") as state:
+            saved_taus.append(float(state["compressor.threshold.tau"]))
+            assert state["compressor.memory.residual"].any()
+    assert saved_taus[0] != saved_taus[1]  # each rank saved its own, different τ
     resumed = SparkModel(spark, make_mlp([8, 8, 1], 10), tm).fit(
         digits_shards["train"], epochs=3, checkpoint_dir=ckpt, checkpoint_every=5,
         checkpoint_unit="steps", resume=True,
