@@ -77,14 +77,25 @@ class ModelConfig(_Section):
 
 
 class ThresholdConfig(_Section):
+    """The threshold algorithm (``sparkdl.compression.threshold``)."""
+
     algorithm: Literal["adaptive", "fixed", "target_sparsity"] = "adaptive"
-    initial: float = Field(default=1e-3, gt=0)
+    initial: float = Field(default=1e-3, gt=0, description="initial tau (all algorithms)")
     min_sparsity: float = Field(default=1e-4, gt=0, le=1)
     max_sparsity: float = Field(default=1e-2, gt=0, le=1)
+    decay: float = Field(
+        default=0.5 ** (1 / 20),
+        gt=0,
+        lt=1,
+        description="adaptive: tau is multiplied (divided) by this when the sparsity is "
+        "below (above) the band; default halves tau in 20 steps (DL4J)",
+    )
     sparsity: float = Field(default=1e-3, gt=0, le=1)
 
 
 class ShakeUpConfig(_Section):
+    """Every ``frequency`` steps (0: never) encode at ``tau * factor`` (DL4J: tau / 3)."""
+
     frequency: int = Field(default=0, ge=0)
     factor: float = Field(default=0.1, gt=0, le=1)
 
@@ -108,6 +119,7 @@ class TrainingConfig(_Section):
     encoder: Literal["auto", "host", "device"] = "auto"
     averaging_frequency: int = Field(default=5, ge=1)
     save_updater: bool = True
+    report_score_after_averaging: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = Field(default=1, ge=1)
     checkpoint_unit: Literal["epochs", "steps"] = "epochs"

@@ -1,11 +1,22 @@
 """Threshold compression of gradient updates (numpy only: no TensorFlow, no Spark).
 
-:mod:`~sparkdl.compression.encoding` encodes a residual into ±tau messages (sparse or
-bitmap), :mod:`~sparkdl.compression.threshold` chooses tau, :mod:`~sparkdl.compression.wire`
-frames messages, and :mod:`~sparkdl.compression.compressor` ties them together.
+GRACE's split: :mod:`~sparkdl.compression.compressor` (the *Compressor*, and the config
+object a training master carries), :mod:`~sparkdl.compression.memory` (the *Memory*: the
+residual), :mod:`~sparkdl.compression.threshold` (chooses tau; residual post-processors),
+:mod:`~sparkdl.compression.encoding` (±tau messages, sparse or bitmap) and
+:mod:`~sparkdl.compression.wire` (frames).
 """
 
-from sparkdl.compression.compressor import EncodingStats, ThresholdCompressor
+from sparkdl.compression.compressor import (
+    Compressor,
+    CompressorConfig,
+    EncodingStats,
+    ThresholdCompressor,
+    ThresholdCompressorConfig,
+    compressor_from_config,
+    compressor_to_config,
+    register_compressor,
+)
 from sparkdl.compression.encoding import (
     EncodedUpdate,
     Encoding,
@@ -13,10 +24,13 @@ from sparkdl.compression.encoding import (
     decode_into,
     threshold_encode,
 )
+from sparkdl.compression.memory import HostMemory, Memory
 from sparkdl.compression.threshold import (
+    DEFAULT_TAU,
     AdaptiveThreshold,
     FixedThreshold,
     ResidualClipping,
+    ResidualPostProcessor,
     ShakeUp,
     TargetSparsityThreshold,
     ThresholdAlgorithm,
@@ -32,22 +46,32 @@ from sparkdl.compression.wire import (
 )
 
 __all__ = [
+    "DEFAULT_TAU",
     "FORMAT_VERSION",
     "HEADER",
     "AdaptiveThreshold",
+    "Compressor",
+    "CompressorConfig",
     "EncodedUpdate",
     "Encoding",
     "EncodingStats",
     "FixedThreshold",
     "FrameHeader",
+    "HostMemory",
+    "Memory",
     "ResidualClipping",
+    "ResidualPostProcessor",
     "ShakeUp",
     "TargetSparsityThreshold",
     "ThresholdAlgorithm",
     "ThresholdCompressor",
+    "ThresholdCompressorConfig",
     "bitmap_nbytes",
+    "compressor_from_config",
+    "compressor_to_config",
     "decode_into",
     "pack_frame",
+    "register_compressor",
     "threshold_encode",
     "threshold_from_config",
     "threshold_to_config",

@@ -1,35 +1,64 @@
-"""The threshold compressor: residual memory + threshold algorithm + wire format.
+"""Compressors (GRACE's *Compressor*): one worker's update in, one wire frame out.
 
-GRACE-style separation: the residual (error-feedback memory) is a plain float32 vector owned
-by the compressor, the threshold algorithm only chooses tau, and the encoding and framing are
-pure functions. Each step a worker calls :meth:`ThresholdCompressor.compress` on its update,
-exchanges the frames (all ranks, in rank order), and every worker calls
-:meth:`ThresholdCompressor.decompress_sum` on the same list, which yields the same float32
-sum bit for bit on every worker.
+GRACE-style separation: a :class:`Compressor` encodes and decodes; its
+:class:`~sparkdl.compression.memory.Memory` holds the residual (error feedback, host numpy or
+device variable, with its own state); a threshold algorithm
+(:mod:`~sparkdl.compression.threshold`) chooses tau; the encoding and framing are pure
+functions; the communicator (``sparkdl.comm``) moves the frames. Each step a worker calls
+:meth:`Compressor.compress` on its update, exchanges the frames (all ranks, in rank order),
+and every worker calls :meth:`Compressor.decompress_sum` on the same list, which yields the
+same float32 sum bit for bit on every worker.
+
+A :class:`CompressorConfig` is the plain-data description of a compressor
+(``get_config``/``from_config``) that a training master carries to the workers, where
+:meth:`CompressorConfig.build` makes the per-worker compressor. A new compressor is one
+:class:`Compressor` subclass plus its config class (decorated with
+:func:`register_compressor`).
 """
 
 from __future__ import annotations
 
+import abc
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from sparkdl.compression.encoding import EncodedUpdate, Encoding, decode_into, threshold_encode
-from sparkdl.compression.threshold import ResidualClipping, ShakeUp, ThresholdAlgorithm
+from sparkdl.compression.memory import HostMemory, Memory
+from sparkdl.compression.threshold import (
+    AdaptiveThreshold,
+    ResidualClipping,
+    ResidualPostProcessor,
+    ShakeUp,
+    ThresholdAlgorithm,
+    threshold_from_config,
+    threshold_to_config,
+)
 from sparkdl.compression.wire import pack_frame, unpack_frame
 from sparkdl.errors import CommunicationError, ConfigurationError
 
-__all__ = ["EncodingStats", "ThresholdCompressor"]
+__all__ = [
+    "Compressor",
+    "CompressorConfig",
+    "EncodingStats",
+    "ThresholdCompressor",
+    "ThresholdCompressorConfig",
+    "compressor_from_config",
+    "compressor_to_config",
+    "register_compressor",
+]
 
 
 @dataclass
 class EncodingStats:
-    """What one :meth:`ThresholdCompressor.compress` call did.
+    """What one :meth:`Compressor.compress` call did.
 
     ``bytes_encoded`` is the whole frame (header plus payload); ``encode_seconds`` covers the
-    residual update, encoding, clipping and framing.
+    residual update, encoding, post-processing and framing.
     """
 
     step: int
@@ -43,53 +72,63 @@ class EncodingStats:
     shake_up: bool
 
 
-class ThresholdCompressor:
-    """Error-feedback threshold compression of one worker's flattened update vector.
+class Compressor(abc.ABC):
+    """One worker's compressor: its :attr:`memory` (the residual), its job id and rank.
 
-    ``residual`` starts at zeros. Each :meth:`compress` adds the update to it, encodes the
-    elements with ``|r| >= tau`` as ``±tau`` (subtracting them in place), optionally clips
-    it, and returns a wire frame. Shake-up steps encode with ``tau * shake_up.factor`` and are
-    not reported to ``threshold.observe`` (their sparsity says nothing about tau).
+    State (``get_state`` / ``set_state``): the memory's state under ``"memory."`` keys plus
+    whatever the subclass adds; values are numpy arrays or Python numbers.
     """
 
-    def __init__(
-        self,
-        num_elements: int,
-        threshold: ThresholdAlgorithm,
-        *,
-        shake_up: ShakeUp | None = None,
-        clipping: ResidualClipping | None = None,
-        job_id: int = 0,
-        rank: int = 0,
-    ) -> None:
-        if (
-            isinstance(num_elements, bool)
-            or not isinstance(num_elements, (int, np.integer))
-            or not 0 <= num_elements < 2**31
-        ):
-            raise ConfigurationError(
-                f"num_elements must be an integer in [0, 2**31), got {num_elements!r}"
-            )
-        if not isinstance(threshold, ThresholdAlgorithm):
-            raise ConfigurationError(
-                f"threshold must be a ThresholdAlgorithm, got {type(threshold).__name__}"
-            )
-        if shake_up is not None and not isinstance(shake_up, ShakeUp):
-            raise ConfigurationError(f"shake_up must be a ShakeUp, got {shake_up!r}")
-        if clipping is not None and not isinstance(clipping, ResidualClipping):
-            raise ConfigurationError(f"clipping must be a ResidualClipping, got {clipping!r}")
+    def __init__(self, memory: Memory, *, job_id: int = 0, rank: int = 0) -> None:
+        if not isinstance(memory, Memory):
+            raise ConfigurationError(f"memory must be a Memory, got {type(memory).__name__}")
         for name, value, limit in (("job_id", job_id, 2**64), ("rank", rank, 2**32)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
                 raise ConfigurationError(
                     f"{name} must be an integer in [0, {limit}), got {value!r}"
                 )
-        self.num_elements = int(num_elements)
-        self.threshold = threshold
-        self.shake_up = shake_up
-        self.clipping = clipping
+        self.memory = memory
         self.job_id = job_id
         self.rank = rank
-        self.residual = np.zeros(self.num_elements, np.float32)
+
+    @property
+    def num_elements(self) -> int:
+        return self.memory.num_elements
+
+    @property
+    def residual(self) -> np.ndarray:
+        """The memory's residual as numpy (a device memory returns a copy)."""
+        return self.memory.residual
+
+    @residual.setter
+    def residual(self, value: np.ndarray) -> None:
+        self.memory.set_residual(value)
+
+    def get_residual(self) -> np.ndarray:
+        """A host copy of the residual."""
+        return self.memory.get_residual()
+
+    def set_residual(self, value: np.ndarray) -> None:
+        """Replace the residual (float32, length :attr:`num_elements`)."""
+        self.memory.set_residual(value)
+
+    @abc.abstractmethod
+    def compress(self, update: Any, step: int) -> tuple[bytes, EncodingStats]:
+        """Add ``update`` to the memory, encode, and return ``(frame, stats)``."""
+
+    @abc.abstractmethod
+    def decompress_sum(
+        self, frames: Sequence[bytes | memoryview], step: int, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Sum all ranks' frames (``frames[i]`` from rank ``i``) into ``out`` (zeroed first)."""
+
+    def get_state(self) -> dict[str, Any]:
+        """This rank's compressor state: ``{"memory.residual": ..., ...}``."""
+        return prefixed("memory", self.memory.get_state())
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state` output."""
+        self.memory.set_state(unprefixed("memory", state))
 
     def _check(self, name: str, array: object) -> np.ndarray:
         if (
@@ -107,31 +146,125 @@ class ThresholdCompressor:
             )
         return array
 
+
+def prefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with every key written ``prefix.key`` (flat nested state dicts)."""
+    return {f"{prefix}.{key}": value for key, value in state.items()}
+
+
+def unprefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``state`` under ``prefix.``, without the prefix."""
+    if not isinstance(state, dict):
+        raise ConfigurationError(f"state must be a dict, got {type(state).__name__}")
+    start = prefix + "."
+    return {key[len(start):]: value for key, value in state.items() if key.startswith(start)}
+
+
+class ThresholdCompressor(Compressor):
+    """Error-feedback threshold compression of one worker's flattened update vector.
+
+    The memory's residual starts at zeros. Each :meth:`compress` adds the update to it,
+    encodes the elements with ``|r| >= tau`` as ``±tau`` (subtracting them in place), lets the
+    memory post-process it (e.g. clip), and returns a wire frame. Shake-up steps encode with
+    ``tau * shake_up.factor`` and are not reported to ``threshold.observe`` (their sparsity
+    says nothing about tau). State: ``memory.residual`` plus the threshold algorithm's state
+    under ``threshold.`` (e.g. ``threshold.tau``).
+
+    Args:
+        num_elements: Length of the update vector.
+        threshold: Chooses tau each step (this compressor's own copy: it keeps state).
+        shake_up: Shake-up schedule (None: never).
+        post_processor: Applied to the residual after each encode (e.g.
+            :class:`~sparkdl.compression.threshold.ResidualClipping`).
+        job_id: Written into every frame; frames of another job are rejected.
+        rank: This worker's rank, written into every frame.
+        memory: The residual memory; default a new :class:`HostMemory` with
+            ``post_processor``. Subclasses that encode elsewhere pass their own
+            (``memory_type``).
+    """
+
+    #: The memory type :meth:`compress` works on.
+    memory_type: ClassVar[type[Memory]] = HostMemory
+
+    def __init__(
+        self,
+        num_elements: int,
+        threshold: ThresholdAlgorithm,
+        *,
+        shake_up: ShakeUp | None = None,
+        post_processor: ResidualPostProcessor | None = None,
+        job_id: int = 0,
+        rank: int = 0,
+        memory: Memory | None = None,
+    ) -> None:
+        if memory is None:
+            memory = HostMemory(num_elements, post_processor)
+        elif post_processor is not None or memory.num_elements != num_elements:
+            raise ConfigurationError(
+                "give either a memory (with its own post-processor and num_elements "
+                f"{num_elements!r}) or a post_processor, got memory {memory!r} and "
+                f"post_processor {post_processor!r}"
+            )
+        if not isinstance(memory, self.memory_type):
+            raise ConfigurationError(
+                f"{type(self).__name__} needs a {self.memory_type.__name__}, "
+                f"got {type(memory).__name__}"
+            )
+        if not isinstance(threshold, ThresholdAlgorithm):
+            raise ConfigurationError(
+                f"threshold must be a ThresholdAlgorithm, got {type(threshold).__name__}"
+            )
+        if shake_up is not None and not isinstance(shake_up, ShakeUp):
+            raise ConfigurationError(f"shake_up must be a ShakeUp, got {shake_up!r}")
+        super().__init__(memory, job_id=job_id, rank=rank)
+        self.threshold = threshold
+        self.shake_up = shake_up
+
+    @property
+    def post_processor(self) -> ResidualPostProcessor | None:
+        return self.memory.post_processor
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), **prefixed("threshold", self.threshold.get_state())}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        known = ("memory.", "threshold.")
+        unknown = sorted(k for k in state if not k.startswith(known))
+        if unknown:
+            raise ConfigurationError(f"{type(self).__name__} state has unknown keys {unknown}")
+        threshold = unprefixed("threshold", state)
+        super().set_state(state)
+        self.threshold.set_state(threshold)
+
+    def shaken_tau(self, tau: float, step: int) -> tuple[bool, float]:
+        """``(shake, encode_tau)``: whether ``step`` is a shake-up step, and the tau to
+        encode with."""
+        shake = self.shake_up is not None and self.shake_up.due(step)
+        return shake, tau * self.shake_up.factor if shake and self.shake_up else tau
+
     def compress(self, update: np.ndarray, step: int) -> tuple[bytes, EncodingStats]:
         """Add ``update`` to the residual, encode it, and return ``(frame, stats)``."""
         self._check("update", update)
         started = time.perf_counter()
-        shake = self.shake_up is not None and self.shake_up.due(step)
+        residual = self.memory.residual
         if self.threshold.uses_residual:
-            np.add(self.residual, update, out=self.residual)
-            tau = self.threshold.select(self.residual, step)
+            np.add(residual, update, out=residual)
+            tau = self.threshold.select(residual, step)
             add = None
         else:
-            tau = self.threshold.select(self.residual, step)
+            tau = self.threshold.select(residual, step)
             add = update  # fused into the encode sweep
-        encode_tau = tau * self.shake_up.factor if shake and self.shake_up else tau
-        encoded = threshold_encode(self.residual, encode_tau, add=add)
-        if self.clipping is not None and self.clipping.due(step):
-            bound = np.float32(self.clipping.factor) * np.float32(tau)
-            if np.isfinite(bound):
-                np.clip(self.residual, -bound, bound, out=self.residual)
-        return self._finish_frame(encoded, step, shake, started)
+        shake, encode_tau = self.shaken_tau(tau, step)
+        encoded = threshold_encode(residual, encode_tau, add=add)
+        self.memory.post_process(tau, step)
+        return self.finish_frame(encoded, step, shake, started)
 
-    def _finish_frame(
+    def finish_frame(
         self, encoded: EncodedUpdate, step: int, shake: bool, started: float
     ) -> tuple[bytes, EncodingStats]:
         """Feed the threshold algorithm, frame the message, and measure (shared by every
-        encoder: a shake-up step's sparsity does not steer the threshold)."""
+        threshold encoder, host or device: a shake-up step's sparsity does not steer the
+        threshold)."""
         if not shake:
             self.threshold.observe(encoded.nnz, self.num_elements)
         frame = pack_frame(encoded, job_id=self.job_id, rank=self.rank, step=step)
@@ -179,3 +312,142 @@ class ThresholdCompressor:
             except CommunicationError as exc:
                 raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
         return out
+
+
+class CompressorConfig(abc.ABC):
+    """What a training master carries to its workers to build their compressors: plain
+    configuration (``get_config`` / ``from_config``, Keras-style), no per-worker state."""
+
+    @abc.abstractmethod
+    def build(self, num_elements: int, *, job_id: int, rank: int) -> Compressor:
+        """A new compressor for one worker's ``num_elements``-element update (host side)."""
+
+    @abc.abstractmethod
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments, JSON-compatible."""
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> CompressorConfig:
+        """Rebuild from :meth:`get_config` output."""
+        try:
+            return cls(**config)
+        except TypeError as exc:
+            raise ConfigurationError(f"bad {cls.__name__} config {config!r}: {exc}") from None
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+class ThresholdCompressorConfig(CompressorConfig):
+    """Threshold compression (Strom 2015): the default of ``SharedTrainingMaster``.
+
+    Args:
+        threshold: The threshold algorithm (default :class:`AdaptiveThreshold` starting at
+            1e-3). Every worker gets its own copy.
+        shake_up: Shake-up schedule (default :class:`ShakeUp`: never).
+        residual_post_processor: Applied to the residual after each encode (default
+            :class:`ResidualClipping`: ``±5 tau`` every 5 steps; None: nothing).
+    """
+
+    def __init__(
+        self,
+        threshold: ThresholdAlgorithm | None = None,
+        shake_up: ShakeUp | None = None,
+        residual_post_processor: ResidualPostProcessor | None = ResidualClipping(),  # noqa: B008
+    ) -> None:
+        threshold = threshold if threshold is not None else AdaptiveThreshold()
+        shake_up = shake_up if shake_up is not None else ShakeUp()
+        if not isinstance(threshold, ThresholdAlgorithm):
+            raise ConfigurationError(
+                f"threshold must be a ThresholdAlgorithm, got {type(threshold).__name__}"
+            )
+        if not isinstance(shake_up, ShakeUp):
+            raise ConfigurationError(f"shake_up must be a ShakeUp, got {shake_up!r}")
+        if residual_post_processor is not None and not isinstance(
+            residual_post_processor, ResidualPostProcessor
+        ):
+            raise ConfigurationError(
+                "residual_post_processor must be a ResidualPostProcessor, "
+                f"got {residual_post_processor!r}"
+            )
+        self.threshold = threshold
+        self.shake_up = shake_up
+        self.residual_post_processor = copy.deepcopy(residual_post_processor)
+
+    def build(self, num_elements: int, *, job_id: int, rank: int) -> ThresholdCompressor:
+        return ThresholdCompressor(
+            num_elements,
+            copy.deepcopy(self.threshold),
+            shake_up=self.shake_up,
+            post_processor=self.residual_post_processor,
+            job_id=job_id,
+            rank=rank,
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        post = self.residual_post_processor
+        return {
+            "threshold": threshold_to_config(self.threshold),
+            "shake_up": threshold_to_config(self.shake_up),
+            "residual_post_processor": None if post is None else threshold_to_config(post),
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ThresholdCompressorConfig:
+        config = dict(config)
+        for key in ("threshold", "shake_up", "residual_post_processor"):
+            if isinstance(config.get(key), dict):
+                config[key] = threshold_from_config(config[key])
+        return super().from_config(config)  # type: ignore[return-value]
+
+
+_COMPRESSORS: dict[str, type[CompressorConfig]] = {}
+
+
+def register_compressor(cls: type[CompressorConfig]) -> type[CompressorConfig]:
+    """Class decorator: make a :class:`CompressorConfig` subclass known to
+    :func:`compressor_from_config` by its class name (its module must be imported wherever
+    the config is rebuilt; ``SharedTrainingMaster.from_config`` imports the recorded one)."""
+    if not (isinstance(cls, type) and issubclass(cls, CompressorConfig)):
+        raise ConfigurationError(f"only CompressorConfig subclasses register, got {cls!r}")
+    known = _COMPRESSORS.get(cls.__name__)
+    if known is not None and known is not cls:
+        raise ConfigurationError(
+            f"a different compressor named {cls.__name__!r} is registered ({known.__module__})"
+        )
+    _COMPRESSORS[cls.__name__] = cls
+    return cls
+
+
+register_compressor(ThresholdCompressorConfig)
+
+
+def compressor_to_config(config: CompressorConfig) -> dict[str, Any]:
+    """``{"class_name", "module", "config"}``: plain data that rebuilds ``config`` with
+    :func:`compressor_from_config`."""
+    if not isinstance(config, CompressorConfig):
+        raise ConfigurationError(f"compressor must be a CompressorConfig, got {config!r}")
+    cls = type(config)
+    if _COMPRESSORS.get(cls.__name__) is not cls:
+        raise ConfigurationError(
+            f"cannot serialise compressor {cls.__name__}: decorate it with register_compressor"
+        )
+    return {"class_name": cls.__name__, "module": cls.__module__, "config": config.get_config()}
+
+
+def compressor_from_config(config: dict[str, Any]) -> CompressorConfig:
+    """Inverse of :func:`compressor_to_config` (the class must be registered here)."""
+    if not isinstance(config, dict) or not isinstance(config.get("class_name"), str):
+        raise ConfigurationError(f"compressor config needs a 'class_name', got {config!r}")
+    name = config["class_name"]
+    cls = _COMPRESSORS.get(name)
+    if cls is None:
+        raise ConfigurationError(
+            f"unknown compressor class_name {name!r} (module {config.get('module')!r}); "
+            f"known: {sorted(_COMPRESSORS)}"
+        )
+    args = config.get("config", {})
+    if not isinstance(args, dict):
+        raise ConfigurationError(f"compressor 'config' must be a dict, got {args!r}")
+    return cls.from_config(dict(args))

@@ -1,9 +1,15 @@
-"""Threshold algorithms (how tau is chosen each step) and the shake-up / clipping schedules.
+"""Threshold algorithms (how tau is chosen each step), the shake-up schedule, and residual
+post-processors (what happens to the residual after each encode; clipping is one).
 
 Every class is a Keras-style config object: ``get_config()`` returns its constructor
 arguments and ``from_config(config)`` rebuilds it; :func:`threshold_to_config` /
 :func:`threshold_from_config` add and read a ``"class_name"`` key. Bad parameters raise
-:class:`sparkdl.errors.ConfigurationError` naming the parameter and its value.
+:class:`sparkdl.errors.ConfigurationError` naming the parameter and its value. What changes
+while training (tau) is the algorithm's *state*: ``get_state()`` / ``set_state(state)``, a
+flat dict of Python numbers, saved per rank with the residual.
+
+The default initial tau of every algorithm is 1e-3 (the seeds: "1e-3 is a good value to
+start with"), as in the YAML configuration.
 """
 
 from __future__ import annotations
@@ -17,17 +23,22 @@ import numpy as np
 from sparkdl.errors import ConfigurationError
 
 __all__ = [
+    "DEFAULT_TAU",
     "MAX_TAU",
     "MIN_TAU",
     "AdaptiveThreshold",
     "FixedThreshold",
     "ResidualClipping",
+    "ResidualPostProcessor",
     "ShakeUp",
     "TargetSparsityThreshold",
     "ThresholdAlgorithm",
     "threshold_from_config",
     "threshold_to_config",
 ]
+
+#: The initial tau of every threshold algorithm and of the YAML ``training.threshold.initial``.
+DEFAULT_TAU = 1e-3
 
 #: Range every adaptive tau is clamped to.
 MIN_TAU = 1e-12
@@ -66,6 +77,23 @@ def _fraction(name: str, value: Any) -> float:
     return result
 
 
+def _number_or_nan(name: str, value: Any) -> float:
+    if isinstance(value, (float, np.floating)) and math.isnan(value):
+        return math.nan
+    return _number(name, value)
+
+
+def _check_state(owner: object, state: Any, keys: tuple[str, ...]) -> None:
+    """``state`` must be a dict with exactly ``keys`` (one ConfigurationError otherwise)."""
+    name = type(owner).__name__
+    if not isinstance(state, dict):
+        raise ConfigurationError(f"{name} state must be a dict, got {type(state).__name__}")
+    if set(state) != set(keys):
+        raise ConfigurationError(
+            f"{name} state needs the keys {sorted(keys)}, got {sorted(state)}"
+        )
+
+
 def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigurationError(f"{name} must be an integer >= 0, got {value!r}")
@@ -93,6 +121,14 @@ class ThresholdAlgorithm:
 
     def observe(self, nnz: int, num_elements: int) -> None:
         """Record that the last step sent ``nnz`` of ``num_elements`` elements."""
+
+    def get_state(self) -> dict[str, float | int]:
+        """What changed since construction (e.g. the current tau), as Python numbers."""
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state` output (a checkpoint of this rank)."""
+        _check_state(self, state, ())
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments, JSON-compatible."""
@@ -124,15 +160,18 @@ class FixedThreshold(ThresholdAlgorithm):
 class AdaptiveThreshold(ThresholdAlgorithm):
     """DL4J's AdaptiveThresholdAlgorithm: keep the sparsity inside a target band.
 
-    After a step whose sparsity (``nnz / num_elements``) was below ``min_sparsity`` (too few
-    elements sent) tau is multiplied by ``decay`` (< 1, so it shrinks); above
-    ``max_sparsity`` it is divided by ``decay``; inside the band it stays. Tau is clamped to
-    ``[MIN_TAU, MAX_TAU]``. An empty vector (``num_elements == 0``) changes nothing.
+    Tau starts at ``initial`` (default 1e-3, as in the YAML configuration). After a step whose
+    sparsity (``nnz / num_elements``) was below ``min_sparsity`` (too few elements sent) tau
+    is multiplied by ``decay`` (< 1, so it shrinks; default ``0.5 ** (1 / 20)``: halved in 20
+    steps, DL4J's default; YAML ``training.threshold.decay``); above ``max_sparsity`` it is
+    divided by ``decay``; inside the band it stays. Tau is clamped to ``[MIN_TAU, MAX_TAU]``.
+    An empty vector (``num_elements == 0``) changes nothing. Each rank adapts its own tau
+    from its own messages: the state (``tau``, ``last_sparsity``) is per rank.
     """
 
     def __init__(
         self,
-        initial: float = 1e-4,
+        initial: float = DEFAULT_TAU,
         min_sparsity: float = 1e-4,
         max_sparsity: float = 1e-2,
         decay: float = 0.5 ** (1 / 20),
@@ -163,6 +202,16 @@ class AdaptiveThreshold(ThresholdAlgorithm):
         elif sparsity > self.max_sparsity:
             self.tau = min(self.tau / self.decay, MAX_TAU)
 
+    def get_state(self) -> dict[str, float | int]:
+        last = self.last_sparsity
+        return {"tau": self.tau, "last_sparsity": math.nan if last is None else last}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        _check_state(self, state, ("tau", "last_sparsity"))
+        self.tau = _tau("tau", state["tau"])
+        last = _number_or_nan("last_sparsity", state["last_sparsity"])
+        self.last_sparsity = None if math.isnan(last) else last
+
     def get_config(self) -> dict[str, Any]:
         return {
             "initial": self.initial,
@@ -179,13 +228,13 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
     enough that the target is about 64 of them, capped at the whole vector; the start of the
     stride moves with the step), and returns its ``(1 - sparsity)`` quantile via
     ``np.partition``. If that quantile is 0 (an almost-empty residual) the previous tau is
-    kept. The first tau before any residual is seen is ``initial``.
+    kept. The first tau before any residual is seen is ``initial`` (default 1e-3).
     """
 
     uses_residual: ClassVar[bool] = True
     _MIN_SAMPLE = 1 << 16
 
-    def __init__(self, sparsity: float = 1e-3, initial: float = 1e-4) -> None:
+    def __init__(self, sparsity: float = 1e-3, initial: float = DEFAULT_TAU) -> None:
         self.sparsity = _fraction("sparsity", sparsity)
         self.initial = _tau("initial", initial)
         self.tau = min(max(self.initial, MIN_TAU), MAX_TAU)
@@ -218,6 +267,13 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
             self.tau = min(max(value, MIN_TAU), MAX_TAU)
         return self.tau
 
+    def get_state(self) -> dict[str, float | int]:
+        return {"tau": self.tau}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        _check_state(self, state, ("tau",))
+        self.tau = _tau("tau", state["tau"])
+
     def get_config(self) -> dict[str, Any]:
         return {"sparsity": self.sparsity, "initial": self.initial}
 
@@ -245,8 +301,12 @@ def _construct(cls: type, config: dict[str, Any]) -> Any:
 
 @dataclass
 class ShakeUp(_Config):
-    """Every ``frequency`` steps (steps ``frequency, 2*frequency, ...``; 0 = never) encode with
-    ``tau * factor`` to flush residue that never reaches tau."""
+    """Every ``frequency`` steps (steps ``frequency, 2*frequency, ...``; 0 = never, the
+    default) encode with ``tau * factor`` to flush residue that never reaches tau.
+
+    The default ``factor`` here is 0.1; DL4J's shake-up encodes at ``tau / 3`` (``factor=1/3``).
+    Both are settable from YAML (``training.shake_up.frequency`` / ``.factor``).
+    """
 
     frequency: int = 0
     factor: float = 0.1
@@ -260,10 +320,35 @@ class ShakeUp(_Config):
         return self.frequency > 0 and step > 0 and step % self.frequency == 0
 
 
+class ResidualPostProcessor:
+    """Changes the residual after each encode (DL4J's ``ResidualPostProcessor``).
+
+    The compressor's memory calls :meth:`apply` after every encode with the step's tau (the
+    un-shaken one). Host memories pass the numpy residual; the device memory runs
+    :class:`ResidualClipping` on the device and any other processor on a host copy of the
+    residual (correct, but a copy of the whole residual each time). A new processor is one
+    subclass with ``apply`` and ``get_config``.
+    """
+
+    def apply(self, residual: np.ndarray, tau: float, step: int) -> None:
+        """Change ``residual`` (float32, in place) after the encode of ``step`` at ``tau``."""
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments, JSON-compatible."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Any:
+        """Rebuild from :meth:`get_config` output."""
+        return _construct(cls, config)
+
+
 @dataclass
-class ResidualClipping(_Config):
+class ResidualClipping(_Config, ResidualPostProcessor):
     """Every ``frequency`` steps (steps ``frequency, 2*frequency, ...``) clip the residual to
-    ``±factor * tau`` after encoding; ``factor == 0`` or ``frequency == 0`` disables it."""
+    ``±factor * tau`` after encoding; ``factor == 0`` or ``frequency == 0`` disables it.
+    DL4J's default (and this one): ``±5 tau`` every 5 steps."""
 
     factor: float = 5.0
     frequency: int = 5
@@ -278,6 +363,19 @@ class ResidualClipping(_Config):
         """Whether the residual is clipped after ``step``."""
         return self.factor > 0 and self.frequency > 0 and step > 0 and step % self.frequency == 0
 
+    def bound(self, tau: float) -> np.float32 | None:
+        """The float32 clipping bound ``fl32(factor) * fl32(tau)``; None when not finite
+        (then nothing is clipped)."""
+        bound = np.float32(self.factor) * np.float32(tau)
+        return bound if np.isfinite(bound) else None
+
+    def apply(self, residual: np.ndarray, tau: float, step: int) -> None:
+        if not self.due(step):
+            return
+        bound = self.bound(tau)
+        if bound is not None:
+            np.clip(residual, -bound, bound, out=residual)
+
 
 _CLASSES: dict[str, type[Any]] = {
     cls.__name__: cls
@@ -291,7 +389,9 @@ _CLASSES: dict[str, type[Any]] = {
 }
 
 
-def threshold_to_config(obj: ThresholdAlgorithm | ShakeUp | ResidualClipping) -> dict[str, Any]:
+def threshold_to_config(
+    obj: ThresholdAlgorithm | ShakeUp | ResidualPostProcessor,
+) -> dict[str, Any]:
     """``{"class_name": ..., "config": obj.get_config()}``."""
     name = type(obj).__name__
     if _CLASSES.get(name) is not type(obj):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
+from sparkdl.errors import ConfigurationError
 from sparkdl.training.exchange import StepResult, Stopwatch, UpdateExchange
 from sparkdl.training.variables import FlatVariables
 
@@ -13,7 +16,14 @@ from sparkdl.training.variables import FlatVariables
 class ParameterAveragingExchange(UpdateExchange):
     """Each worker fits ``averaging_frequency`` minibatches on its own, then all workers
     replace their parameters — and, with ``save_updater``, their optimizer state — by the
-    average across workers."""
+    average across workers.
+
+    With ``report_score_after_averaging`` (DL4J's ``reportScoreAfterAveraging``), a step that
+    averaged also reports the loss of the averaged model on that step's batch (inference
+    mode, one extra forward pass) as ``StepResult.extra["loss_after_averaging"]``.
+    State: the optimizer's variables and ``since_average`` (local steps since the last
+    average).
+    """
 
     def __init__(
         self,
@@ -23,13 +33,21 @@ class ParameterAveragingExchange(UpdateExchange):
         averaging_frequency: int,
         save_updater: bool,
         classification: bool,
+        report_score_after_averaging: bool = False,
     ) -> None:
         super().__init__(model, comm, classification=classification)
         self.averaging_frequency = averaging_frequency
         self.save_updater = save_updater
+        self.report_score_after_averaging = report_score_after_averaging
         self.optimizer_state = FlatVariables(model.optimizer.variables)
         self._train_step = tf.function(self._train_step_fn, reduce_retracing=True)
+        self._loss_fn = tf.function(self._loss_only, reduce_retracing=True)
         self._since_average = 0
+
+    def _loss_only(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        """The averaged model's loss on the batch (the compiled metrics are not updated)."""
+        y_pred = self.model(x, training=False)
+        return self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=False)
 
     def _train_step_fn(self, x: tf.Tensor, y: tf.Tensor):
         with tf.GradientTape() as tape:
@@ -54,11 +72,30 @@ class ParameterAveragingExchange(UpdateExchange):
         loss = float(self._train_step(x, y))
         watch.lap("compute_s")
         self._since_average += 1
+        extra: dict[str, float] = {}
         if self._since_average >= self.averaging_frequency:
             self.average()
             watch.lap("communicate_s")
-        return StepResult(loss=loss, timings=watch.timings)
+            if self.report_score_after_averaging:
+                extra["loss_after_averaging"] = float(self._loss_fn(x, y))
+                watch.lap("score_s")
+        return StepResult(loss=loss, timings=watch.timings, extra=extra)
 
     def finish(self) -> None:
         if self._since_average:
             self.average()
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "since_average": self._since_average}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        since = state.pop("since_average", None)
+        if isinstance(since, np.ndarray) and since.ndim == 0:
+            since = since.item()
+        if isinstance(since, bool) or not isinstance(since, (int, np.integer)) or since < 0:
+            raise ConfigurationError(
+                f"averaging state needs 'since_average', an integer >= 0, got {since!r}"
+            )
+        super().set_state(state)
+        self._since_average = int(since)

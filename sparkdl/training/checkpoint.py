@@ -2,8 +2,9 @@
 
 A checkpoint is a directory ``ckpt-<global step>`` under the job's checkpoint URI holding
 ``model.keras`` (weights and rank 0's optimizer state), ``state.json`` (position, history,
-the threshold algorithm's current state, the run id) and, where workers hold state of their
-own (sharing: the residual and each worker's optimizer state), ``workers/rank-N``. It is
+rank 0's scalar exchange state for reading, the run id) and ``workers/rank-N``: each rank's
+whole ``UpdateExchange.get_state()`` as an ``.npz`` (its residual, its own threshold state,
+its optimizer variables, ...), which that rank restores on resume. It is
 written under a temporary name and renamed when complete, so a worker killed mid-write leaves
 no checkpoint that looks whole. Any filesystem pyarrow reaches works (local, HDFS, fsspec).
 """

@@ -1,11 +1,12 @@
 """Threshold encoding on the device that holds the model (GPU workers).
 
 :class:`DeviceThresholdCompressor` is a drop-in for
-:class:`~sparkdl.compression.ThresholdCompressor` whose residual is a float32 ``tf.Variable``
-on the model's device. One ``tf.function`` adds the update to the residual, selects the
-candidates ``|r| >= tau``, applies the encoder's exactness rule, subtracts, optionally clips,
-and builds the message on the device; only the message (int32 sparse entries or the packed
-2-bit bitmap, plus ``nnz``) is copied to the host. Everything else host-side is reused from
+:class:`~sparkdl.compression.ThresholdCompressor` whose memory (:class:`DeviceMemory`) is a
+float32 ``tf.Variable`` on the model's device. One ``tf.function`` adds the update to the
+residual, selects the candidates ``|r| >= tau``, applies the encoder's exactness rule,
+subtracts, and builds the message on the device (the memory then clips, also there); only
+the message (int32 sparse entries or the packed 2-bit bitmap, plus ``nnz``) is copied to the
+host. Everything else host-side is reused from
 :mod:`sparkdl.compression`: threshold algorithms and schedules, :func:`pack_frame`, and
 :meth:`~sparkdl.compression.ThresholdCompressor.decompress_sum` (decoding stays on the host,
 where frames are validated).
@@ -25,6 +26,7 @@ decodes the same frames with the same host decoder.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -32,17 +34,31 @@ from typing import Any, ClassVar
 import numpy as np
 import tensorflow as tf
 
-from sparkdl.compression.compressor import EncodingStats, ThresholdCompressor
+from sparkdl.compression.compressor import (
+    Compressor,
+    CompressorConfig,
+    EncodingStats,
+    ThresholdCompressor,
+    ThresholdCompressorConfig,
+)
 from sparkdl.compression.encoding import EncodedUpdate, Encoding, _float32_tau, bitmap_nbytes
+from sparkdl.compression.memory import Memory
 from sparkdl.compression.threshold import (
     ResidualClipping,
+    ResidualPostProcessor,
     ShakeUp,
     TargetSparsityThreshold,
     ThresholdAlgorithm,
 )
 from sparkdl.errors import ConfigurationError
 
-__all__ = ["DeviceThresholdCompressor", "variable_device", "variables_on_gpu"]
+__all__ = [
+    "DeviceMemory",
+    "DeviceThresholdCompressor",
+    "build_compressor",
+    "variable_device",
+    "variables_on_gpu",
+]
 
 _BITMAP_WEIGHTS = (1, 4, 16, 64)  # code of element i lands in bits 2*(i % 4) of its byte
 
@@ -60,8 +76,69 @@ def variables_on_gpu(variables: Sequence[Any]) -> bool:
     return bool(variables) and "GPU" in variable_device(variables[0]).upper()
 
 
+class DeviceMemory(Memory):
+    """The residual as a float32 ``tf.Variable`` on ``device`` (None: TensorFlow's default
+    placement). :class:`~sparkdl.compression.threshold.ResidualClipping` runs on the device;
+    any other post-processor gets a host copy of the residual (and writes it back)."""
+
+    on_device: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        num_elements: int,
+        post_processor: ResidualPostProcessor | None = None,
+        *,
+        device: str | None = None,
+    ) -> None:
+        super().__init__(num_elements, post_processor)
+        self.device = device or None
+        with self.placement():
+            self.variable = tf.Variable(
+                tf.zeros([self.num_elements], tf.float32), trainable=False, name="residual"
+            )
+        self._add_fn = tf.function(self._add)
+        self._clip_fn = tf.function(self._clip)
+
+    def placement(self) -> Any:
+        """A context that places ops on this memory's device."""
+        return tf.device(self.device) if self.device else contextlib.nullcontext()
+
+    def get_residual(self) -> np.ndarray:
+        return np.array(self.variable.numpy(), dtype=np.float32, copy=True)
+
+    def set_residual(self, value: np.ndarray) -> None:
+        self.variable.assign(self._checked(value))
+
+    def add(self, update: tf.Tensor) -> None:
+        """residual += update, on the device."""
+        with self.placement():
+            self._add_fn(update)
+
+    def post_process(self, tau: float, step: int) -> None:
+        processor = self.post_processor
+        if processor is None:
+            return
+        if isinstance(processor, ResidualClipping):
+            bound = processor.bound(tau) if processor.due(step) else None
+            if bound is not None:
+                with self.placement():
+                    self._clip_fn(tf.constant(bound))
+            return
+        residual = self.get_residual()  # unknown processors: on a host copy
+        processor.apply(residual, tau, step)
+        self.set_residual(residual)
+
+    def _add(self, update: tf.Tensor) -> None:
+        self.variable.assign_add(update)
+
+    def _clip(self, bound: tf.Tensor) -> None:
+        y = self.variable.read_value()
+        self.variable.assign(tf.where(y > bound, bound, tf.where(y < -bound, -bound, y)))
+
+
 class DeviceThresholdCompressor(ThresholdCompressor):
-    """:class:`ThresholdCompressor` with the residual and the encode sweep on a TF device.
+    """:class:`ThresholdCompressor` with its memory (a :class:`DeviceMemory`) and the encode
+    sweep on a TF device.
 
     ``device`` is a TensorFlow device string (e.g. the device of the model's first variable);
     ``None`` uses TensorFlow's default placement. :meth:`compress` takes the update as a
@@ -70,8 +147,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
     tests and checkpoints, not per step.
     """
 
-    #: :class:`~sparkdl.training.sharing.GradientSharingExchange` passes the update tensor as is.
-    device_resident: ClassVar[bool] = True
+    memory_type: ClassVar[type[Memory]] = DeviceMemory
 
     def __init__(
         self,
@@ -79,66 +155,29 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         threshold: ThresholdAlgorithm,
         *,
         shake_up: ShakeUp | None = None,
-        clipping: ResidualClipping | None = None,
+        post_processor: ResidualPostProcessor | None = None,
         job_id: int = 0,
         rank: int = 0,
         device: str | None = None,
     ) -> None:
-        self._device = device or None
-        self._variable: tf.Variable | None = None
-        # The base class validates the arguments and assigns ``residual`` (zeros), which
-        # creates the device variable through the property setter below.
         super().__init__(
-            num_elements, threshold, shake_up=shake_up, clipping=clipping, job_id=job_id, rank=rank
+            num_elements,
+            threshold,
+            shake_up=shake_up,
+            job_id=job_id,
+            rank=rank,
+            memory=DeviceMemory(num_elements, post_processor, device=device),
         )
         self._max_sparse = bitmap_nbytes(self.num_elements) // 4
-        self._functions: dict[tuple[bool, bool], Any] = {}
+        self._functions: dict[bool, Any] = {}
         self._quantile_fn = tf.function(self._sample_quantile, reduce_retracing=True)
-        self._add_fn = tf.function(self._add_update)
-
-    # Residual ---------------------------------------------------------------------------
 
     @property
     def variable(self) -> tf.Variable:
         """The device residual itself."""
-        assert self._variable is not None
-        return self._variable
-
-    @property
-    def residual(self) -> np.ndarray:  # type: ignore[override]
-        """A host copy of the residual (float32)."""
-        return self.get_residual()
-
-    @residual.setter
-    def residual(self, value: np.ndarray) -> None:
-        self.set_residual(value)
-
-    def get_residual(self) -> np.ndarray:
-        """Copy the residual to the host."""
-        return np.array(self.variable.numpy(), dtype=np.float32, copy=True)
-
-    def set_residual(self, value: np.ndarray) -> None:
-        """Replace the residual (e.g. from a checkpoint) with a float32 vector of the right
-        length."""
-        array = np.asarray(value)
-        if array.dtype != np.float32 or array.shape != (self.num_elements,):
-            raise ConfigurationError(
-                f"residual must be a float32 array of shape ({self.num_elements},), "
-                f"got {array.dtype} array of shape {array.shape}"
-            )
-        if self._variable is None:
-            with self._placement():
-                self._variable = tf.Variable(array, trainable=False, name="residual")
-        else:
-            self._variable.assign(array)
-
-    def _placement(self) -> Any:
-        return tf.device(self._device) if self._device else contextlib.nullcontext()
+        return self.memory.variable  # type: ignore[attr-defined,no-any-return]
 
     # Device graphs ----------------------------------------------------------------------
-
-    def _add_update(self, update: tf.Tensor) -> None:
-        self.variable.assign_add(update)
 
     def _sample_quantile(self, offset: tf.Tensor, stride: tf.Tensor, passing: tf.Tensor):
         """The ``passing``-th largest of ``|residual[offset::stride]|`` (== the numpy
@@ -146,11 +185,9 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         sample = tf.abs(self.variable[offset::stride])
         return tf.reduce_min(tf.math.top_k(sample, k=passing, sorted=False).values)
 
-    def _encode_graph(
-        self, update: tf.Tensor, t: tf.Tensor, bound: tf.Tensor, *, add: bool, clip: bool
-    ):
-        """Residual (+= update), encode at ``t``, (clip to ``±bound``); return
-        ``(sparse_entries int32, bitmap uint8, nnz)`` with one of the two messages empty."""
+    def _encode_graph(self, update: tf.Tensor, t: tf.Tensor, *, add: bool):
+        """Residual (+= update), encode at ``t``; return ``(sparse_entries int32, bitmap
+        uint8, nnz)`` with one of the two messages empty."""
         r = self.variable
         if add:
             r.assign_add(update)
@@ -191,22 +228,16 @@ class DeviceThresholdCompressor(ThresholdCompressor):
             nnz = tf.math.count_nonzero(encoded, dtype=tf.int64)
             return tf.zeros([0], tf.int32), tf.cast(packed, tf.uint8), nnz
 
-        entries, packed, nnz = tf.cond(count > self._max_sparse, bitmap, sparse)
-        if clip:
-            with tf.control_dependencies([entries, packed, nnz]):
-                y = r.read_value()
-            r.assign(tf.where(y > bound, bound, tf.where(y < -bound, -bound, y)))
-        return entries, packed, nnz
+        return tf.cond(count > self._max_sparse, bitmap, sparse)
 
-    def _encode_fn(self, add: bool, clip: bool) -> Any:
-        key = (add, clip)
-        if key not in self._functions:
+    def _encode_fn(self, add: bool) -> Any:
+        if add not in self._functions:
 
-            def graph(update: tf.Tensor, t: tf.Tensor, bound: tf.Tensor):
-                return self._encode_graph(update, t, bound, add=add, clip=clip)
+            def graph(update: tf.Tensor, t: tf.Tensor):
+                return self._encode_graph(update, t, add=add)
 
-            self._functions[key] = tf.function(graph, reduce_retracing=True)
-        return self._functions[key]
+            self._functions[add] = tf.function(graph, reduce_retracing=True)
+        return self._functions[add]
 
     # Host driver ------------------------------------------------------------------------
 
@@ -226,7 +257,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         if n == 0:
             return th.tau
         offset, stride, passing = th.sample_plan(n, step)
-        with self._placement():
+        with self.memory.placement():  # type: ignore[attr-defined]
             value = float(
                 self._quantile_fn(
                     tf.constant(offset, tf.int64),
@@ -250,23 +281,16 @@ class DeviceThresholdCompressor(ThresholdCompressor):
                 f"got {update.dtype.name} tensor of shape {tuple(update.shape)}"
             )
         started = time.perf_counter()
-        shake = self.shake_up is not None and self.shake_up.due(step)
+        memory: DeviceMemory = self.memory  # type: ignore[assignment]
         add = not self.threshold.uses_residual
         if not add:
-            with self._placement():
-                self._add_fn(update)
+            memory.add(update)
         tau = self._select_tau(step)
-        encode_tau = tau * self.shake_up.factor if shake and self.shake_up else tau
+        shake, encode_tau = self.shaken_tau(tau, step)
         t = _float32_tau(encode_tau, ConfigurationError)
-        clip = False
-        bound = np.float32(np.inf)
-        if self.clipping is not None and self.clipping.due(step):
-            bound = np.float32(self.clipping.factor) * np.float32(tau)
-            clip = bool(np.isfinite(bound))
-        with self._placement():
-            entries, packed, nnz_t = self._encode_fn(add, clip)(
-                update, tf.constant(t), tf.constant(bound)
-            )
+        with memory.placement():
+            entries, packed, nnz_t = self._encode_fn(add)(update, tf.constant(t))
+        memory.post_process(tau, step)  # clipping: on the device, after the encode
         # The only device -> host copies: the message and its count.
         nnz = int(nnz_t)
         if packed.shape[0]:
@@ -276,4 +300,34 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         else:
             payload = entries.numpy().astype("<i4", copy=False).tobytes() if nnz else b""
             encoded = EncodedUpdate(Encoding.SPARSE, self.num_elements, float(t), nnz, payload)
-        return self._finish_frame(encoded, step, shake, started)
+        return self.finish_frame(encoded, step, shake, started)
+
+
+def build_compressor(
+    config: CompressorConfig,
+    num_elements: int,
+    *,
+    job_id: int,
+    rank: int,
+    device: str | None,
+) -> Compressor:
+    """``config``'s compressor for one worker: with ``device`` (not None; "" means TF's
+    default placement) the device encoder of a :class:`ThresholdCompressorConfig`, else the
+    host compressor ``config.build`` makes. Other configs have no device encoder: asked for
+    one, they raise :class:`ConfigurationError`."""
+    if device is None:
+        return config.build(num_elements, job_id=job_id, rank=rank)
+    if not isinstance(config, ThresholdCompressorConfig):
+        raise ConfigurationError(
+            f"encoder='device' needs a ThresholdCompressorConfig; {type(config).__name__} "
+            "has no device encoder (use encoder='host')"
+        )
+    return DeviceThresholdCompressor(
+        num_elements,
+        copy.deepcopy(config.threshold),
+        shake_up=config.shake_up,
+        post_processor=config.residual_post_processor,
+        job_id=job_id,
+        rank=rank,
+        device=device or None,
+    )

@@ -11,13 +11,19 @@ import numpy as np
 import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
+from sparkdl.errors import ConfigurationError
 from sparkdl.training.metrics import CompiledMetrics
 from sparkdl.training.variables import FlatVariables
 
 
 @dataclass
 class StepResult:
-    """What one synchronous step produced on this worker."""
+    """What one synchronous step produced on this worker.
+
+    ``extra`` holds figures of some exchanges, by name: sharing's ``tau``, ``sparsity``,
+    ``bitmap``, ``frame_bytes``, ``received_bytes``; averaging's ``loss_after_averaging``
+    (on steps that averaged, with ``report_score_after_averaging``).
+    """
 
     loss: float
     finite_update: bool = True
@@ -30,6 +36,11 @@ class UpdateExchange(abc.ABC):
 
     Subclasses hold the compiled TensorFlow functions for their algorithm. Every worker calls
     :meth:`step` the same number of times (collectives are synchronous).
+
+    :meth:`get_state` / :meth:`set_state`: this rank's state beyond the model's weights, a
+    flat dict of numpy arrays and Python numbers (here the optimizer's variables, one entry
+    ``optimizer.<i>`` per variable in ``model.optimizer.variables`` order; subclasses add
+    theirs). Restoring it after the weights continues training exactly.
     """
 
     def __init__(self, model: tf.keras.Model, comm: Communicator, *, classification: bool) -> None:
@@ -63,6 +74,32 @@ class UpdateExchange(abc.ABC):
                 lambda x, y: self._loss(x, y, training=False), reduce_retracing=True
             )
         return float(self._evaluate_fn(x, y))
+
+    def get_state(self) -> dict[str, Any]:
+        """This rank's exchange state (see the class docstring)."""
+        return {
+            f"optimizer.{i}": np.array(v.numpy(), copy=True)
+            for i, v in enumerate(self.model.optimizer.variables)
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state` output of this rank (the same model and optimizer)."""
+        variables = self.model.optimizer.variables
+        expected = {f"optimizer.{i}" for i in range(len(variables))}
+        if not isinstance(state, dict) or set(state) != expected:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ConfigurationError(
+                f"{type(self).__name__} state needs the keys {sorted(expected)}, got {got}"
+            )
+        for i, variable in enumerate(variables):
+            value = np.asarray(state[f"optimizer.{i}"])
+            if value.shape != tuple(variable.shape):
+                name = getattr(variable, "path", variable.name)
+                raise ConfigurationError(
+                    f"optimizer variable {i} ({name}) has shape {tuple(variable.shape)}, "
+                    f"the state {value.shape}"
+                )
+            variable.assign(value.astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
 
     # Shared building blocks -------------------------------------------------------------
 

@@ -11,15 +11,21 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sparkdl.compression.compressor import (
+    CompressorConfig,
+    ThresholdCompressorConfig,
+    compressor_from_config,
+    compressor_to_config,
+)
 from sparkdl.compression.threshold import (
     AdaptiveThreshold,
     FixedThreshold,
     ResidualClipping,
+    ResidualPostProcessor,
     ShakeUp,
     TargetSparsityThreshold,
     ThresholdAlgorithm,
     threshold_from_config,
-    threshold_to_config,
 )
 from sparkdl.errors import ConfigurationError
 
@@ -72,7 +78,22 @@ class TrainingMaster(abc.ABC):
 
 
 class SharedTrainingMaster(TrainingMaster):
-    """Threshold-compressed gradient sharing (Strom 2015), as in DL4J's SharedTrainingMaster."""
+    """Threshold-compressed gradient sharing (Strom 2015), as in DL4J's SharedTrainingMaster.
+
+    Args:
+        batch_size_per_worker: Minibatch size of each worker.
+        num_workers: Number of workers (barrier tasks or local processes).
+        compressor: A :class:`~sparkdl.compression.CompressorConfig` (plain data, rebuilt on
+            every worker); default a :class:`~sparkdl.compression.ThresholdCompressorConfig`
+            made of the three arguments below. Give either ``compressor`` or those.
+        threshold: Threshold algorithm (default ``AdaptiveThreshold()``, tau from 1e-3).
+        shake_up: Shake-up schedule (default never).
+        residual_clipping: Residual post-processor (default ``ResidualClipping()``: ±5 tau
+            every 5 steps).
+        encoder: Where updates are encoded: ``"host"`` (numpy), ``"device"`` (TensorFlow, on
+            the model's device) or ``"auto"`` (device when the model is on a GPU).
+        seed: Seed of the workers' random state.
+    """
 
     mode = "sharing"
 
@@ -81,9 +102,10 @@ class SharedTrainingMaster(TrainingMaster):
         batch_size_per_worker: int = 32,
         num_workers: int = 2,
         *,
+        compressor: CompressorConfig | None = None,
         threshold: ThresholdAlgorithm | None = None,
         shake_up: ShakeUp | None = None,
-        residual_clipping: ResidualClipping | None = None,
+        residual_clipping: ResidualPostProcessor | None = None,
         encoder: str = "auto",
         seed: int = 42,
     ) -> None:
@@ -91,21 +113,44 @@ class SharedTrainingMaster(TrainingMaster):
         if encoder not in ENCODERS:
             raise ConfigurationError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         self.encoder = encoder
-        self.threshold = threshold if threshold is not None else AdaptiveThreshold()
-        self.shake_up = shake_up if shake_up is not None else ShakeUp()
-        self.residual_clipping = (
-            residual_clipping if residual_clipping is not None else ResidualClipping()
-        )
+        parts = {"threshold": threshold, "shake_up": shake_up,
+                 "residual_clipping": residual_clipping}
+        if compressor is None:
+            compressor = ThresholdCompressorConfig(
+                threshold,
+                shake_up,
+                residual_clipping if residual_clipping is not None else ResidualClipping(),
+            )
+        elif not isinstance(compressor, CompressorConfig):
+            raise ConfigurationError(
+                f"compressor must be a CompressorConfig, got {type(compressor).__name__}"
+            )
+        elif any(v is not None for v in parts.values()):
+            given = sorted(k for k, v in parts.items() if v is not None)
+            raise ConfigurationError(
+                f"give either compressor or {given}, not both (they are part of the compressor)"
+            )
+        self.compressor = compressor
+
+    # The threshold compressor's parts, as attributes of the master (None for other
+    # compressors).
+
+    @property
+    def threshold(self) -> ThresholdAlgorithm | None:
+        return getattr(self.compressor, "threshold", None)
+
+    @property
+    def shake_up(self) -> ShakeUp | None:
+        return getattr(self.compressor, "shake_up", None)
+
+    @property
+    def residual_clipping(self) -> ResidualPostProcessor | None:
+        return getattr(self.compressor, "residual_post_processor", None)
 
     def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
-            "threshold": threshold_to_config(self.threshold),
-            "shake_up": {"frequency": self.shake_up.frequency, "factor": self.shake_up.factor},
-            "residual_clipping": {
-                "factor": self.residual_clipping.factor,
-                "frequency": self.residual_clipping.frequency,
-            },
+            "compressor": compressor_to_config(self.compressor),
             "encoder": self.encoder,
         }
 
@@ -113,6 +158,19 @@ class SharedTrainingMaster(TrainingMaster):
     def from_config(cls, config: dict[str, Any]) -> SharedTrainingMaster:
         config = dict(config)
         config.pop("mode", None)
+        compressor = config.get("compressor")
+        if isinstance(compressor, dict):
+            module = compressor.get("module")
+            if isinstance(module, str) and module != "sparkdl.compression.compressor":
+                # a user's compressor registers itself when its module is imported
+                import importlib
+
+                try:
+                    importlib.import_module(module)
+                except ImportError as exc:
+                    raise ConfigurationError(f"compressor module {module!r}: {exc}") from None
+            config["compressor"] = compressor_from_config(compressor)
+        # the form before compressor configs: the threshold compressor's parts
         if isinstance(config.get("threshold"), dict):
             config["threshold"] = threshold_from_config(config["threshold"])
         if isinstance(config.get("shake_up"), dict):
@@ -122,11 +180,8 @@ class SharedTrainingMaster(TrainingMaster):
         return cls(**config)
 
     def create_exchange(self, model, comm, *, job_id, classification):
-        import copy
-
-        from sparkdl.compression.compressor import ThresholdCompressor
         from sparkdl.training.device_encoding import (
-            DeviceThresholdCompressor,
+            build_compressor,
             variable_device,
             variables_on_gpu,
         )
@@ -134,28 +189,36 @@ class SharedTrainingMaster(TrainingMaster):
         from sparkdl.training.variables import FlatVariables
 
         variables = model.trainable_variables
-        args = (FlatVariables(variables).size, copy.deepcopy(self.threshold))
-        kwargs = {
-            "shake_up": self.shake_up,
-            "clipping": self.residual_clipping,
-            "job_id": job_id,
-            "rank": comm.rank,
-        }
         on_device = self.encoder == "device" or (
-            self.encoder == "auto" and variables_on_gpu(variables)
+            self.encoder == "auto"
+            and variables_on_gpu(variables)
+            and isinstance(self.compressor, ThresholdCompressorConfig)
         )
-        compressor: ThresholdCompressor
-        if on_device:
-            device = variable_device(variables[0]) if variables else None
-            compressor = DeviceThresholdCompressor(*args, **kwargs, device=device)
-        else:
-            compressor = ThresholdCompressor(*args, **kwargs)
+        device = (variable_device(variables[0]) if variables else "") if on_device else None
+        compressor = build_compressor(
+            self.compressor,
+            FlatVariables(variables).size,
+            job_id=job_id,
+            rank=comm.rank,
+            device=device,
+        )
         return GradientSharingExchange(model, comm, compressor, classification=classification)
 
 
 class ParameterAveragingTrainingMaster(TrainingMaster):
     """Local steps, then parameter (and optimizer-state) averaging every
-    ``averaging_frequency`` minibatches, as in DL4J's ParameterAveragingTrainingMaster."""
+    ``averaging_frequency`` minibatches, as in DL4J's ParameterAveragingTrainingMaster.
+
+    Args:
+        batch_size_per_worker: Minibatch size of each worker.
+        num_workers: Number of workers.
+        averaging_frequency: Local steps between two averages.
+        save_updater: Average the optimizer state too (DL4J's ``saveUpdater``).
+        report_score_after_averaging: On steps that averaged, also report the loss of the
+            averaged model on that step's batch (``loss_after_averaging``; one extra forward
+            pass per average; DL4J's ``reportScoreAfterAveraging``).
+        seed: Seed of the workers' random state.
+    """
 
     mode = "averaging"
 
@@ -166,18 +229,21 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
         *,
         averaging_frequency: int = 5,
         save_updater: bool = True,
+        report_score_after_averaging: bool = False,
         seed: int = 42,
     ) -> None:
         super().__init__(batch_size_per_worker, num_workers, seed=seed)
         _check_positive("averaging_frequency", averaging_frequency)
         self.averaging_frequency = int(averaging_frequency)
         self.save_updater = bool(save_updater)
+        self.report_score_after_averaging = bool(report_score_after_averaging)
 
     def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "averaging_frequency": self.averaging_frequency,
             "save_updater": self.save_updater,
+            "report_score_after_averaging": self.report_score_after_averaging,
         }
 
     def create_exchange(self, model, comm, *, job_id, classification):
@@ -189,6 +255,7 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
             averaging_frequency=self.averaging_frequency,
             save_updater=self.save_updater,
             classification=classification,
+            report_score_after_averaging=self.report_score_after_averaging,
         )
 
 
@@ -228,6 +295,7 @@ def master_from_training_config(training: TrainingConfig) -> TrainingMaster:
             **common,
             averaging_frequency=training.averaging_frequency,
             save_updater=training.save_updater,
+            report_score_after_averaging=training.report_score_after_averaging,
         )
     if training.mode == "dense":
         return DenseTrainingMaster(**common)
@@ -239,7 +307,10 @@ def master_from_training_config(training: TrainingConfig) -> TrainingMaster:
         threshold = TargetSparsityThreshold(sparsity=t.sparsity, initial=t.initial)
     else:
         threshold = AdaptiveThreshold(
-            initial=t.initial, min_sparsity=t.min_sparsity, max_sparsity=t.max_sparsity
+            initial=t.initial,
+            min_sparsity=t.min_sparsity,
+            max_sparsity=t.max_sparsity,
+            decay=t.decay,
         )
     return SharedTrainingMaster(
         **common,

@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
-from sparkdl.compression.compressor import ThresholdCompressor
+from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
+from sparkdl.errors import ConfigurationError
 from sparkdl.training.exchange import StepResult, Stopwatch, UpdateExchange
 
 
 class GradientSharingExchange(UpdateExchange):
     """Each worker computes the update its optimizer would apply, adds it to its residual,
     sends the elements that reach τ as ±τ, and applies the decoded sum of every worker's
-    message — never its own unencoded update — so replicas stay bit-identical."""
+    message — never its own unencoded update — so replicas stay bit-identical.
+
+    State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
+    ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and the decoded
+    sum not applied yet (``pending``; zeros after :meth:`finish`). The shared weights are the
+    model's weights after :meth:`finish`, saved with the model; :meth:`set_state` takes them
+    from the model.
+    """
 
     def __init__(
         self,
         model: tf.keras.Model,
         comm: Communicator,
-        compressor: ThresholdCompressor,
+        compressor: Compressor,
         *,
         classification: bool,
     ) -> None:
@@ -36,8 +45,8 @@ class GradientSharingExchange(UpdateExchange):
         ]
         # Device encoder: the update stays a tensor on the model's device, and a sparse
         # decoded sum goes back to the device as (index, value) pairs.
-        self._on_device = bool(getattr(compressor, "device_resident", False))
-        self._device = getattr(compressor, "_device", None)
+        self._on_device = compressor.memory.on_device
+        self._device = compressor.memory.device
         # Host double buffer of the decoded sum; ``_pending`` is what the next step applies
         # (the host buffer itself, or a device tensor built from it).
         self._pending_host = np.zeros(self.trainable.size, dtype=np.float32)
@@ -96,6 +105,31 @@ class GradientSharingExchange(UpdateExchange):
     def end_epoch(self, epoch: int) -> None:
         self.flush()
         super().end_epoch(epoch)
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            **super().get_state(),
+            **prefixed("compressor", self.compressor.get_state()),
+            "pending": self._pending_host.copy(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        pending = np.asarray(state.pop("pending", None))
+        if pending.dtype != np.float32 or pending.shape != self._pending_host.shape:
+            raise ConfigurationError(
+                f"sharing state needs 'pending', a float32 vector of {self.trainable.size} "
+                f"elements, got {pending.dtype} array of shape {pending.shape}"
+            )
+        compressor = unprefixed("compressor", state)
+        super().set_state({k: v for k, v in state.items() if not k.startswith("compressor.")})
+        self.compressor.set_state(compressor)
+        for shared, variable in zip(self._shared, self.model.trainable_variables):
+            shared.assign(variable)
+        self._pending_host[:] = pending
+        self._pending = (
+            self._to_device(self._pending_host) if self._on_device else self._pending_host
+        )
 
     def finish(self) -> None:
         self.flush()

@@ -8,6 +8,7 @@ module imports no TensorFlow: :func:`configure_tensorflow` must run first in a t
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sparkdl.comm.communicator import Communicator
-from sparkdl.errors import TrainingError
+from sparkdl.errors import SparkDLError, TrainingError
 from sparkdl.training.loop import TrainingLoop, WorkerCallback
 from sparkdl.training.summary import WorkerResult
 
@@ -166,12 +167,9 @@ class Checkpointing(WorkerCallback):
 
         exchange, comm, global_step = loop.exchange, loop.comm, loop.global_step
         exchange.finish()
-        if getattr(exchange, "compressor", None) is not None:
-            # every rank stages its own state, then rank 0 publishes
-            self.store.save_worker_state(
-                self.run_id, global_step, comm.rank, _worker_state(exchange)
-            )
-            comm.barrier()
+        # every rank stages its own exchange state, then rank 0 publishes
+        self.store.save_worker_state(self.run_id, global_step, comm.rank, _worker_state(exchange))
+        comm.barrier()
         if comm.rank != 0:
             return
         state = TrainingState(self.run_id, global_step, epoch, step, list(loop.history),
@@ -255,13 +253,8 @@ def run_worker(
     exchange = master.create_exchange(
         model, comm, job_id=spec.job_id, classification=classification
     )
-    _restore_exchange_state(exchange, start.exchange_state)
-    if resumed and getattr(exchange, "compressor", None) is not None:
-        saved = resumed.worker_state(store, comm.rank)
-        if saved is None:
-            log.warning("worker %d resumes without its residual (none was saved)", comm.rank)
-        else:
-            _restore_worker_state(exchange, saved)
+    if resumed:
+        _restore_exchange_state(exchange, resumed.worker_state(store, comm.rank), comm.rank)
     callbacks = _worker_callbacks(spec, comm, secret, policy, store, run_id)
     reader = ShardReader(
         spec.data_uri,
@@ -340,51 +333,46 @@ def _worker_callbacks(
 
 
 def _exchange_state(exchange: Any) -> dict[str, Any]:
-    """What a resumed exchange needs beyond the model and the residuals (saved per rank
-    beside the checkpoint): the adaptive threshold's τ."""
-    threshold = getattr(getattr(exchange, "compressor", None), "threshold", None)
-    tau = getattr(threshold, "tau", None)
-    return {"tau": float(tau)} if tau is not None else {}
+    """Rank 0's scalar exchange state (e.g. its τ) for ``state.json``, for people reading the
+    checkpoint; every rank restores its whole state from its own ``workers/rank-N``."""
+    return {
+        key: value for key, value in exchange.get_state().items()
+        if isinstance(value, (int, float)) and math.isfinite(value)
+    }
 
 
 def _worker_state(exchange: Any) -> bytes:
-    """A sharing worker's own state: its residual and its optimizer's float variables (each
-    worker's optimizer sees only its own gradients, so these differ between workers)."""
+    """This rank's whole exchange state (``exchange.get_state()``: residual, its own threshold
+    state, optimizer variables, ...) as an ``.npz`` (numbers as 0-d arrays)."""
     import io
 
-    from sparkdl.training.variables import FlatVariables
-
     buffer = io.BytesIO()
-    np.savez(
-        buffer,
-        residual=np.ascontiguousarray(exchange.compressor.residual, dtype=np.float32),
-        optimizer=FlatVariables(exchange.model.optimizer.variables).read(),
-    )
+    np.savez(buffer, **{key: np.asarray(value) for key, value in exchange.get_state().items()})
     return buffer.getvalue()
 
 
 def _restore_worker_state(exchange: Any, data: bytes) -> None:
+    """``exchange.set_state`` from :func:`_worker_state` bytes (0-d arrays back to numbers)."""
     import io
 
-    from sparkdl.training.variables import FlatVariables
-
     with np.load(io.BytesIO(data), allow_pickle=False) as saved:
-        residual, optimizer = saved["residual"], saved["optimizer"]
-    compressor = exchange.compressor
-    if residual.shape != (compressor.num_elements,):
-        raise TrainingError(
-            f"checkpointed residual has {residual.size} elements, "
-            f"the model {compressor.num_elements}"
+        state = {key: saved[key] for key in saved.files}
+    exchange.set_state(
+        {key: value.item() if value.ndim == 0 else value for key, value in state.items()}
+    )
+
+
+def _restore_exchange_state(exchange: Any, data: bytes | None, rank: int) -> None:
+    """Give this rank its own saved exchange state back (``data`` from the checkpoint's
+    ``workers/rank-N``); a checkpoint without it resumes with rank 0's optimizer state from
+    the model file and a fresh residual and threshold, with a warning."""
+    if data is None:
+        log.warning(
+            "worker %d resumes without its own exchange state (none was saved): fresh "
+            "residual and threshold, rank 0's optimizer state", rank,
         )
-    setter = getattr(compressor, "set_residual", None)
-    if setter is not None:
-        setter(residual)
-    else:
-        compressor.residual[:] = residual
-    FlatVariables(exchange.model.optimizer.variables).assign(optimizer)
-
-
-def _restore_exchange_state(exchange: Any, state: dict[str, Any]) -> None:
-    threshold = getattr(getattr(exchange, "compressor", None), "threshold", None)
-    if "tau" in state and threshold is not None and hasattr(threshold, "tau"):
-        threshold.tau = float(state["tau"])
+        return
+    try:
+        _restore_worker_state(exchange, data)
+    except (SparkDLError, ValueError, KeyError) as exc:
+        raise TrainingError(f"worker {rank}: cannot restore its checkpointed state: {exc}") from exc

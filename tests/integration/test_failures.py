@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from sparkdl import DenseTrainingMaster, SharedTrainingMaster, SparkModel
+from sparkdl.compression import AdaptiveThreshold
 from sparkdl.errors import TrainingError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -248,6 +249,43 @@ def test_resume_continues_a_fit_exactly(spark, digits_shards, make_mlp, tmp_path
     fresh = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
     again = fresh.fit(digits_shards["train"], epochs=1, checkpoint_dir=ckpt)
     assert again.metrics["resumed_from"] is None
+
+
+def test_resume_restores_every_ranks_own_threshold_state(spark, digits_shards, make_mlp,
+                                                         tmp_path):
+    """Issue 14.1: each rank adapts its own τ from its own message sizes, so ranks hold
+    different τ at a checkpoint; a mid-epoch resume must give every rank back its own τ (with
+    its residual and optimizer state) and end bit-identical to the uninterrupted run."""
+    tm = SharedTrainingMaster(
+        num_workers=2,
+        threshold=AdaptiveThreshold(initial=4e-3, min_sparsity=2e-2, max_sparsity=4e-2),
+    )
+    whole = SparkModel(spark, make_mlp([8, 8, 1], 10), tm).fit(digits_shards["train"], epochs=3)
+    taus = [w["extras"]["tau"] for w in whole.workers]
+    assert taus[0] != taus[1]  # the ranks' thresholds really differ
+
+    ckpt = (tmp_path / "ckpt").as_uri()
+    SparkModel(spark, make_mlp([8, 8, 1], 10), tm).fit(
+        digits_shards["train"], epochs=2, checkpoint_dir=ckpt, checkpoint_every=5,
+        checkpoint_unit="steps",
+    )
+    latest = sorted((tmp_path / "ckpt").glob("ckpt-*"))[-1]
+    saved_taus = []
+    for rank in range(2):
+        with np.load(latest / "workers" / f"rank-{rank:05d}") as state:
+            saved_taus.append(float(state["compressor.threshold.tau"]))
+            assert state["compressor.memory.residual"].any()
+    assert saved_taus[0] != saved_taus[1]  # each rank saved its own, different τ
+    resumed = SparkModel(spark, make_mlp([8, 8, 1], 10), tm).fit(
+        digits_shards["train"], epochs=3, checkpoint_dir=ckpt, checkpoint_every=5,
+        checkpoint_unit="steps", resume=True,
+    )
+    per_epoch = resumed.metrics["steps_per_epoch"]
+    assert 2 * per_epoch % 5  # the last checkpoint of the short fit is mid-epoch
+    assert resumed.metrics["resumed_from"].endswith(f"ckpt-{2 * per_epoch // 5 * 5:010d}")
+    assert resumed.metrics["steps"] == 3 * per_epoch
+    for rank in range(2):
+        assert resumed.workers[rank]["checksum"] == whole.workers[rank]["checksum"], rank
 
 
 def test_cancelled_fit_leaves_nothing_behind(spark, digits_shards, make_mlp, tmp_path):

@@ -30,7 +30,7 @@ def test_workers_stay_bit_identical() -> None:
             n,
             AdaptiveThreshold(initial=1e-2),
             shake_up=ShakeUp(frequency=4, factor=0.2),
-            clipping=ResidualClipping(factor=5.0, frequency=5),
+            post_processor=ResidualClipping(factor=5.0, frequency=5),
             job_id=42,
             rank=rank,
         )
@@ -114,7 +114,7 @@ def test_stats_and_threshold_feedback() -> None:
 
 def test_clipping_bounds_the_residual() -> None:
     n = 1000
-    comp = ThresholdCompressor(n, FixedThreshold(0.5), clipping=ResidualClipping(2.0, 3))
+    comp = ThresholdCompressor(n, FixedThreshold(0.5), post_processor=ResidualClipping(2.0, 3))
     big = np.full(n, 10.0, np.float32)
     comp.compress(big, 1)
     assert comp.residual.max() == 9.5  # not a clipping step

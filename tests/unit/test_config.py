@@ -54,11 +54,28 @@ def test_wrong_type_is_named(tmp_path):
         ("cluster.transport=udp", r"cluster\.transport"),
         ("cluster.timeout_s=-1", r"cluster\.timeout_s"),
         ("nonsense=1", r"unknown key 'nonsense'"),
+        ("training.threshold.decay=1.0", r"training\.threshold\.decay: .*less than 1"),
+        ("training.threshold.decay=0", r"training\.threshold\.decay"),
+        ("training.shake_up.factor=1.5", r"training\.shake_up\.factor"),
+        ("training.report_score_after_averaging=maybe",
+         r"training\.report_score_after_averaging"),
     ],
 )
 def test_bad_override_values(override, pattern):
     with pytest.raises(ConfigurationError, match=pattern):
         load_config(REPO / "conf" / "digits.yaml", [override])
+
+
+def test_threshold_knobs_and_score_after_averaging_from_yaml():
+    config = load_config(
+        REPO / "conf" / "digits.yaml",
+        ["training.threshold.decay=0.95", "training.shake_up.factor=0.3333",
+         "training.shake_up.frequency=10", "training.report_score_after_averaging=true"],
+    )
+    assert config.training.threshold.decay == 0.95
+    assert config.training.shake_up.factor == 0.3333
+    assert config.training.report_score_after_averaging is True
+    assert JobConfig().training.threshold.initial == 1e-3
 
 
 def test_malformed_override():

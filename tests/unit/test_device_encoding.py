@@ -114,7 +114,7 @@ def test_frames_and_residuals_match_host_encoder(
         n,
         THRESHOLDS[algorithm](tau),
         shake_up=ShakeUp(frequency=shake, factor=0.25),
-        clipping=ResidualClipping(factor=clip_factor, frequency=clip_every),
+        post_processor=ResidualClipping(factor=clip_factor, frequency=clip_every),
         job_id=7,
         rank=1,
     )
@@ -133,7 +133,7 @@ def test_long_run_switches_encodings_like_the_host(algorithm: str) -> None:
         n,
         THRESHOLDS[algorithm](1e-2),
         shake_up=ShakeUp(frequency=4, factor=0.1),
-        clipping=ResidualClipping(factor=5.0, frequency=5),
+        post_processor=ResidualClipping(factor=5.0, frequency=5),
     )
     seen = set()
     for step in range(12):
@@ -166,7 +166,7 @@ def test_zero_length_all_pass_and_special_values() -> None:
     for step in range(3):
         assert _check_step(host, dev, np.zeros(0, np.float32), step) == "sparse"
     for n in (1, 3, 4, 5, 17, 1000):
-        host, dev = _pair(n, lambda: FixedThreshold(0.5), clipping=ResidualClipping(2.0, 2))
+        host, dev = _pair(n, lambda: FixedThreshold(0.5), post_processor=ResidualClipping(2.0, 2))
         rng = np.random.default_rng(n)
         everything = (rng.choice([-1, 1], n) * rng.uniform(0.5, 3, n)).astype(np.float32)
         assert _check_step(host, dev, everything, 0) == "bitmap"  # 4n > ceil(n / 4) bytes
@@ -225,7 +225,7 @@ def test_compress_copies_only_the_message_to_the_host(algorithm: str) -> None:
         n,
         THRESHOLDS[algorithm](0.05)(),
         shake_up=ShakeUp(frequency=2),
-        clipping=ResidualClipping(frequency=3),
+        post_processor=ResidualClipping(frequency=3),
     )
     rng = np.random.default_rng(5)
     seen = set()
