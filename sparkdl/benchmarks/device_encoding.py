@@ -104,7 +104,7 @@ def _train(encoder: str, steps: int) -> tuple[str, type, list[int], int]:
         residual_clipping=ResidualClipping(factor=5.0, frequency=2),
         encoder=encoder,
     )
-    exchange = master.create_exchange(model, comm, job_id=1, classification=True)
+    exchange = master.create_exchange(model, comm, job_id=1)
     compressor = exchange.compressor
     n = exchange.trainable.size
     update_devices: list[str] = []

@@ -32,10 +32,9 @@ class ParameterAveragingExchange(UpdateExchange):
         *,
         averaging_frequency: int,
         save_updater: bool,
-        classification: bool,
         report_score_after_averaging: bool = False,
     ) -> None:
-        super().__init__(model, comm, classification=classification)
+        super().__init__(model, comm)
         self.averaging_frequency = averaging_frequency
         self.save_updater = save_updater
         self.report_score_after_averaging = report_score_after_averaging

@@ -13,8 +13,8 @@ from sparkdl.training.exchange import StepResult, Stopwatch, UpdateExchange
 class DenseAllreduceExchange(UpdateExchange):
     """Every worker averages the full float32 gradient and applies the same optimizer step."""
 
-    def __init__(self, model: tf.keras.Model, comm: Communicator, *, classification: bool):
-        super().__init__(model, comm, classification=classification)
+    def __init__(self, model: tf.keras.Model, comm: Communicator):
+        super().__init__(model, comm)
         self._gradients = tf.function(self._flat_gradients, reduce_retracing=True)
         self._apply = tf.function(self._apply_fn, reduce_retracing=True)
 

@@ -43,10 +43,9 @@ class UpdateExchange(abc.ABC):
     theirs). Restoring it after the weights continues training exactly.
     """
 
-    def __init__(self, model: tf.keras.Model, comm: Communicator, *, classification: bool) -> None:
+    def __init__(self, model: tf.keras.Model, comm: Communicator) -> None:
         self.model = model
         self.comm = comm
-        self.classification = classification
         self.trainable = FlatVariables(model.trainable_variables)
         self.non_trainable = FlatVariables(model.non_trainable_variables)
         self.metrics = CompiledMetrics(model)

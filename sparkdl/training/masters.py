@@ -68,7 +68,7 @@ class TrainingMaster(abc.ABC):
 
     @abc.abstractmethod
     def create_exchange(
-        self, model: Any, comm: Communicator, *, job_id: int, classification: bool
+        self, model: Any, comm: Communicator, *, job_id: int
     ) -> UpdateExchange:
         """Build this master's per-worker exchange (runs inside a worker)."""
 
@@ -179,7 +179,7 @@ class SharedTrainingMaster(TrainingMaster):
             config["residual_clipping"] = ResidualClipping(**config["residual_clipping"])
         return cls(**config)
 
-    def create_exchange(self, model, comm, *, job_id, classification):
+    def create_exchange(self, model, comm, *, job_id):
         from sparkdl.training.device_encoding import (
             build_compressor,
             variable_device,
@@ -202,7 +202,7 @@ class SharedTrainingMaster(TrainingMaster):
             rank=comm.rank,
             device=device,
         )
-        return GradientSharingExchange(model, comm, compressor, classification=classification)
+        return GradientSharingExchange(model, comm, compressor)
 
 
 class ParameterAveragingTrainingMaster(TrainingMaster):
@@ -246,7 +246,7 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
             "report_score_after_averaging": self.report_score_after_averaging,
         }
 
-    def create_exchange(self, model, comm, *, job_id, classification):
+    def create_exchange(self, model, comm, *, job_id):
         from sparkdl.training.averaging import ParameterAveragingExchange
 
         return ParameterAveragingExchange(
@@ -254,7 +254,6 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
             comm,
             averaging_frequency=self.averaging_frequency,
             save_updater=self.save_updater,
-            classification=classification,
             report_score_after_averaging=self.report_score_after_averaging,
         )
 
@@ -264,10 +263,10 @@ class DenseTrainingMaster(TrainingMaster):
 
     mode = "dense"
 
-    def create_exchange(self, model, comm, *, job_id, classification):
+    def create_exchange(self, model, comm, *, job_id):
         from sparkdl.training.dense import DenseAllreduceExchange
 
-        return DenseAllreduceExchange(model, comm, classification=classification)
+        return DenseAllreduceExchange(model, comm)
 
 
 MASTERS: dict[str, type[TrainingMaster]] = {

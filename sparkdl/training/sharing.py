@@ -31,10 +31,8 @@ class GradientSharingExchange(UpdateExchange):
         model: tf.keras.Model,
         comm: Communicator,
         compressor: Compressor,
-        *,
-        classification: bool,
     ) -> None:
-        super().__init__(model, comm, classification=classification)
+        super().__init__(model, comm)
         self.compressor = compressor
         # The shared weights W, identical on every worker. The model's variables hold
         # W + (this worker's local update) between steps; the next step resets them to

@@ -249,10 +249,7 @@ def run_worker(
             comm.rank, resumed.path, start.epoch, start.step_in_epoch, start.global_step,
         )
     metadata = ShardMetadata.from_json(spec.metadata_json)
-    classification = metadata.label_kind == "class"
-    exchange = master.create_exchange(
-        model, comm, job_id=spec.job_id, classification=classification
-    )
+    exchange = master.create_exchange(model, comm, job_id=spec.job_id)
     if resumed:
         _restore_exchange_state(exchange, resumed.worker_state(store, comm.rank), comm.rank)
     callbacks = _worker_callbacks(spec, comm, secret, policy, store, run_id)

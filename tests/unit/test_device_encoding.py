@@ -272,7 +272,7 @@ def _train(encoder: str, steps: int = 8):  # type: ignore[no-untyped-def]
             residual_clipping=ResidualClipping(factor=2.0, frequency=4),
             encoder=encoder,
         )
-        exchange = master.create_exchange(model, comm, job_id=3, classification=True)
+        exchange = master.create_exchange(model, comm, job_id=3)
         rng = np.random.default_rng(0)
         host_copies: list[int] = []
         for step in range(steps):

@@ -79,7 +79,7 @@ def test_state_round_trip_continues_bit_identically(name: str, comm) -> None:  #
     master = MASTERS[name]()
     batches = _batches(0, 12)
     model = _model()
-    exchange = master.create_exchange(model, comm, job_id=1, classification=True)
+    exchange = master.create_exchange(model, comm, job_id=1)
     for step, (x, y) in enumerate(batches[:5]):
         exchange.step(x, y, step)
     exchange.finish()  # as before a checkpoint: weights saved with the model
@@ -96,7 +96,7 @@ def test_state_round_trip_continues_bit_identically(name: str, comm) -> None:  #
 
     other = _model()
     other.set_weights(weights)
-    restored = master.create_exchange(other, comm, job_id=1, classification=True)
+    restored = master.create_exchange(other, comm, job_id=1)
     restored.set_state(state)
     for step, (x, y) in enumerate(batches[5:], start=5):
         a, b = exchange.step(x, y, step), restored.step(x, y, step)
@@ -118,14 +118,14 @@ def test_pending_sum_is_part_of_the_sharing_state(comm) -> None:  # type: ignore
     master = MASTERS["sharing-host"]()
     batches = _batches(1, 6)
     model = _model()
-    exchange = master.create_exchange(model, comm, job_id=1, classification=True)
+    exchange = master.create_exchange(model, comm, job_id=1)
     for step, (x, y) in enumerate(batches[:3]):
         exchange.step(x, y, step)
     state = exchange.get_state()
     assert state["pending"].any()
     other = _model()
     other.set_weights([w.numpy() for w in exchange._shared])  # W, before the pending sum
-    restored = master.create_exchange(other, comm, job_id=1, classification=True)
+    restored = master.create_exchange(other, comm, job_id=1)
     restored.set_state(state)
     for step, (x, y) in enumerate(batches[3:], start=3):
         assert exchange.step(x, y, step).loss == restored.step(x, y, step).loss
@@ -140,7 +140,7 @@ def test_pending_sum_is_part_of_the_sharing_state(comm) -> None:  # type: ignore
 
 def test_bad_state_is_one_clear_error(comm) -> None:  # type: ignore[no-untyped-def]
     exchange = MASTERS["sharing-host"]().create_exchange(
-        _model(), comm, job_id=1, classification=True
+        _model(), comm, job_id=1
     )
     state = exchange.get_state()
     with pytest.raises(ConfigurationError, match="keys"):
@@ -148,7 +148,7 @@ def test_bad_state_is_one_clear_error(comm) -> None:  # type: ignore[no-untyped-
     with pytest.raises(ConfigurationError, match="residual"):
         exchange.set_state({**state, "compressor.memory.residual": np.zeros(3, np.float32)})
     averaging = MASTERS["averaging"]().create_exchange(
-        _model(), comm, job_id=1, classification=True
+        _model(), comm, job_id=1
     )
     with pytest.raises(ConfigurationError, match="since_average"):
         averaging.set_state({**averaging.get_state(), "since_average": -1})
@@ -173,7 +173,7 @@ def test_master_takes_a_compressor_config(comm) -> None:  # type: ignore[no-unty
     assert master.threshold is config.threshold and master.residual_clipping is None
     again = master_from_config(master.get_config())
     assert again.get_config() == master.get_config()
-    exchange = again.create_exchange(_model(), comm, job_id=2, classification=True)
+    exchange = again.create_exchange(_model(), comm, job_id=2)
     assert exchange.compressor.threshold.tau == 0.01
     assert exchange.compressor.post_processor is None
     with pytest.raises(ConfigurationError, match="either compressor"):
@@ -197,7 +197,7 @@ def test_any_post_processor_gives_the_same_training_on_host_and_device(comm) -> 
         )
         master = SharedTrainingMaster(8, 1, compressor=config, encoder=encoder)
         model = _model()
-        exchange = master.create_exchange(model, comm, job_id=1, classification=True)
+        exchange = master.create_exchange(model, comm, job_id=1)
         assert exchange.compressor.memory.on_device == (encoder == "device")
         for step, (x, y) in enumerate(_batches(2, 6)):
             exchange.step(x, y, step)
@@ -215,7 +215,7 @@ def test_any_post_processor_gives_the_same_training_on_host_and_device(comm) -> 
 def test_averaging_reports_the_loss_after_averaging_when_asked(comm) -> None:  # type: ignore[no-untyped-def]
     batches = _batches(3, 7)
     quiet = ParameterAveragingTrainingMaster(8, 1, averaging_frequency=3).create_exchange(
-        _model(), comm, job_id=1, classification=True
+        _model(), comm, job_id=1
     )
     assert all(not quiet.step(x, y, s).extra for s, (x, y) in enumerate(batches))
     model = _model()
@@ -223,7 +223,7 @@ def test_averaging_reports_the_loss_after_averaging_when_asked(comm) -> None:  #
         8, 1, averaging_frequency=3, report_score_after_averaging=True
     )
     assert master_from_config(master.get_config()).report_score_after_averaging
-    exchange = master.create_exchange(model, comm, job_id=1, classification=True)
+    exchange = master.create_exchange(model, comm, job_id=1)
     reported = []
     for step, (x, y) in enumerate(batches):
         extra = exchange.step(x, y, step).extra

@@ -28,7 +28,7 @@ def _model_with_nan_gradients() -> keras.Model:
 def test_non_finite_update_is_named_with_epoch_and_step(master):
     comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=b"k" * 32, timeout_s=10)
     model = _model_with_nan_gradients()
-    exchange = master.create_exchange(model, comm, job_id=1, classification=False)
+    exchange = master.create_exchange(model, comm, job_id=1)
     x, y = np.zeros((4, 3), np.float32), np.ones((4, 2), np.float32)
     with pytest.raises(TrainingError, match=r"non-finite update .* at epoch 0, step 0"):
         run_loop(exchange, comm, lambda epoch: iter([(x, y)] * 3), epochs=1,
@@ -41,7 +41,7 @@ def test_loop_resumes_mid_epoch_and_checkpoints_on_schedule():
     model = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     exchange = DenseTrainingMaster(num_workers=1).create_exchange(
-        model, comm, job_id=1, classification=False)
+        model, comm, job_id=1)
     batches = [(np.full((2, 3), i, np.float32), np.zeros((2, 2), np.float32)) for i in range(4)]
     fed: list[float] = []
 
@@ -81,7 +81,7 @@ def test_a_callback_stops_every_rank_after_the_epoch():
     model = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
     exchange = DenseTrainingMaster(num_workers=1).create_exchange(
-        model, comm, job_id=1, classification=False)
+        model, comm, job_id=1)
     x, y = np.ones((2, 3), np.float32), np.zeros((2, 2), np.float32)
 
     class StopAfterTwo(WorkerCallback):
