@@ -261,7 +261,7 @@ def test_resume_restores_every_ranks_own_threshold_state(spark, digits_shards, m
         threshold=AdaptiveThreshold(initial=4e-3, min_sparsity=2e-2, max_sparsity=4e-2),
     )
     whole = SparkModel(spark, make_mlp([8, 8, 1], 10), tm).fit(digits_shards["train"], epochs=3)
-    taus = [w["extras"]["tau"] for w in whole.workers]
+    taus = [w.loop.extras["tau"] for w in whole.workers]
     assert taus[0] != taus[1]  # the ranks' thresholds really differ
 
     ckpt = (tmp_path / "ckpt").as_uri()
@@ -285,7 +285,7 @@ def test_resume_restores_every_ranks_own_threshold_state(spark, digits_shards, m
     assert resumed.metrics["resumed_from"].endswith(f"ckpt-{2 * per_epoch // 5 * 5:010d}")
     assert resumed.metrics["steps"] == 3 * per_epoch
     for rank in range(2):
-        assert resumed.workers[rank]["checksum"] == whole.workers[rank]["checksum"], rank
+        assert resumed.workers[rank].checksum == whole.workers[rank].checksum, rank
 
 
 def test_cancelled_fit_leaves_nothing_behind(spark, digits_shards, make_mlp, tmp_path):

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _trained_identically(fit) -> None:  # type: ignore[no-untyped-def]
-    checksums = [w["checksum"] for w in fit.workers]
+    checksums = [w.checksum for w in fit.workers]
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums
     assert fit.metrics["replicas_identical"] is True
     losses = fit.history["loss"]
