@@ -8,15 +8,18 @@ code a Spark barrier task runs, with a local rendezvous instead of ``BarrierTask
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sparkdl.comm import create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.data.metadata import read_metadata
 from sparkdl.errors import ConfigurationError, TrainingError
+from sparkdl.gpu import pin_gpus, round_robin
 from sparkdl.training.masters import TrainingMaster
 from sparkdl.training.summary import FitResult, summarize_fit
 
@@ -33,7 +36,12 @@ class ParallelWrapper:
         timeout_s: float = 120.0,
         threads_per_worker: int = 1,
         custom_objects: dict[str, Any] | None = None,
+        gpus_per_worker: int = 0,
+        devices: Sequence[str] | None = None,
     ) -> None:
+        """``gpus_per_worker`` > 0 pins each worker process to that many of ``devices`` (GPU ids;
+        default: this process's ``CUDA_VISIBLE_DEVICES``), taken round-robin by rank, before
+        TensorFlow loads in it."""
         if transport not in ("tcp", "spark"):
             raise ConfigurationError(f"transport must be 'tcp' or 'spark', got {transport!r}")
         self.model = model
@@ -42,6 +50,16 @@ class ParallelWrapper:
         self.timeout_s = float(timeout_s)
         self.threads_per_worker = int(threads_per_worker)
         self.custom_objects = custom_objects
+        if devices is None and gpus_per_worker > 0:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+            devices = [d for d in visible.split(",") if d.strip()] if visible else None
+            if not devices:
+                raise ConfigurationError(
+                    f"gpus_per_worker={gpus_per_worker} needs devices=[...] (GPU ids) or "
+                    "CUDA_VISIBLE_DEVICES set in this process"
+                )
+        self.gpus_per_worker = int(gpus_per_worker)
+        self.devices = [str(d) for d in devices] if devices else []
         self.last_fit: FitResult | None = None
 
     def fit(self, data_uri: str, epochs: int = 1, *, shuffle: bool = True) -> FitResult:
@@ -66,7 +84,7 @@ class ParallelWrapper:
                 context.Process(
                     target=_worker_process,
                     args=(spec, rank, tm.num_workers, server.address, secret, self.transport,
-                          self.timeout_s, results_queue),
+                          self.timeout_s, results_queue, self._worker_gpus(rank)),
                     daemon=True,
                 )
                 for rank in range(tm.num_workers)
@@ -79,6 +97,12 @@ class ParallelWrapper:
         self.model = model_from_bytes(results[0].pop("model_bytes"), self.custom_objects)
         self.last_fit = summarize_fit(results, tm, epochs, steps_per_epoch, wall)
         return self.last_fit
+
+    def _worker_gpus(self, rank: int) -> list[str] | None:
+        """The GPU ids worker ``rank`` is pinned to; ``None`` when workers get no GPUs."""
+        if self.gpus_per_worker <= 0:
+            return None
+        return round_robin(self.devices, self.gpus_per_worker, rank)
 
 
 def _collect(results_queue: Any, processes: list[Any], timeout_s: float) -> list[dict[str, Any]]:
@@ -122,11 +146,13 @@ def _worker_process(
     transport: str,
     timeout_s: float,
     results_queue: Any,
+    gpus: list[str] | None = None,
 ) -> None:
-    from sparkdl.training.worker import configure_tensorflow, run_worker
-
     try:
-        configure_tensorflow(spec.threads)
+        pin_gpus(gpus, role="parallel")  # before anything imports TensorFlow
+        from sparkdl.training.worker import configure_tensorflow, run_worker
+
+        configure_tensorflow(spec.threads, gpus)
         exchange = store_exchange(address, rank, world_size, secret=secret, timeout_s=timeout_s)
         comm = create_communicator(
             transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s

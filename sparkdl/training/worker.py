@@ -16,7 +16,6 @@ import numpy as np
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import TrainingError
-from sparkdl.training.variables import FlatVariables
 
 log = logging.getLogger("sparkdl.training")
 
@@ -233,6 +232,8 @@ def _worker_state(exchange: Any) -> bytes:
     worker's optimizer sees only its own gradients, so these differ between workers)."""
     import io
 
+    from sparkdl.training.variables import FlatVariables
+
     buffer = io.BytesIO()
     np.savez(
         buffer,
@@ -244,6 +245,8 @@ def _worker_state(exchange: Any) -> bytes:
 
 def _restore_worker_state(exchange: Any, data: bytes) -> None:
     import io
+
+    from sparkdl.training.variables import FlatVariables
 
     with np.load(io.BytesIO(data), allow_pickle=False) as saved:
         residual, optimizer = saved["residual"], saved["optimizer"]
