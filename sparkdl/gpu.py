@@ -76,6 +76,7 @@ def _append_trace(path: str, role: str, addresses: Sequence[str] | None, loaded:
         "role": role,
         "pid": os.getpid(),
         "host": socket.gethostname(),
+        "local_ip": os.environ.get("SPARK_LOCAL_IP"),
         "addresses": None if addresses is None else [str(a) for a in addresses],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "allow_growth": os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"),
