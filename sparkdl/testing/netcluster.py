@@ -187,11 +187,19 @@ class NetCluster:
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    def up(self) -> NetCluster:
-        """Create the network, start the master and workers, wait until all registered."""
+    def up(self, *, owner: int | None = None) -> NetCluster:
+        """Create the network, start the master and workers, wait until all registered.
+
+        ``owner``: the pid whose life the cluster is bound to (default: this process); while it
+        lives, another ``up`` with the same ``name`` refuses to replace this cluster. The CLI
+        passes 0 (no owner: a later ``up`` replaces it).
+        """
+        owner = os.getpid() if owner is None else owner
         check_privileges()
+        _claim(self.name, self.state_dir, owner, write=False)  # refuse a live one's names
         teardown(self.state_dir, self.name)  # whatever a crashed run left behind
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        _claim(self.name, self.state_dir, owner)
         try:
             self._save_state()
             self._create_network()
@@ -481,12 +489,35 @@ def teardown(
         )
         pids += [int(p) for p in out.stdout.split() if p.isdigit()]
     _kill([p for p in pids if p], recorded=set(pids[: 1 + len(state.get("hosts", []))]))
+    # the bridge-side veths first: deleting a namespace frees its veth pair only asynchronously
+    links = [h["link"] for h in state.get("hosts", [])] + [f"{ns}b" for ns in namespaces]
+    for link in [*dict.fromkeys(links), state.get("bridge", f"{name}br0")]:
+        subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
     for ns in namespaces:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-    bridge = state.get("bridge", f"{name}br0")
-    subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30)
-    with contextlib.suppress(FileNotFoundError):
-        state_file.unlink()
+    for done in (state_file, _claim_file(name)):
+        with contextlib.suppress(FileNotFoundError):
+            done.unlink()
+
+
+def _claim_file(name: str) -> Path:
+    return Path(DEFAULT_STATE_DIR).with_name(f"sparkdl-netcluster-{name}.owner")
+
+
+def _claim(name: str, state_dir: Path, owner: int, *, write: bool = True) -> None:
+    """Record ``owner`` as the user of the names and subnet of cluster ``name``, unless a live
+    other process holds them (a crashed owner's claim is taken over)."""
+    claim = _claim_file(name)
+    with contextlib.suppress(OSError, ValueError):
+        held = json.loads(claim.read_text())
+        pid = int(held.get("owner") or 0)
+        if pid and pid != owner and _alive(pid):
+            raise NetClusterError(
+                f"cluster name {name!r} is in use by process {pid} (state dir "
+                f"{held.get('state_dir')}); stop it or pick another name and subnet"
+            )
+    if write:
+        claim.write_text(json.dumps({"owner": owner, "state_dir": str(state_dir)}))
 
 
 def _kill(pids: list[int], recorded: set[Any]) -> None:
@@ -565,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
                 subnet=args.subnet,
                 timeout_s=args.timeout,
             )
-            cluster.up()
+            cluster.up(owner=0)
             print(cluster.master_url)
             print("submit options:", " ".join(cluster.submit_args()), file=sys.stderr)
         elif args.command == "down":
