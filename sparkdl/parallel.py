@@ -8,13 +8,16 @@ code a Spark barrier task runs, with a local rendezvous instead of ``BarrierTask
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.comm import create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.errors import ConfigurationError, TrainingError
+from sparkdl.gpu import pin_gpus, round_robin
 from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
 
@@ -35,7 +38,12 @@ class ParallelWrapper(KerasFit):
         threads_per_worker: int = 1,
         custom_objects: dict[str, Any] | None = None,
         wire_integrity: str = "none",
+        gpus_per_worker: int = 0,
+        devices: Sequence[str] | None = None,
     ) -> None:
+        """``gpus_per_worker`` > 0 pins each worker process to that many of ``devices`` (GPU ids;
+        default: this process's ``CUDA_VISIBLE_DEVICES``), taken round-robin by rank, before
+        TensorFlow loads in it."""
         if transport not in ("tcp", "spark"):
             raise ConfigurationError(f"transport must be 'tcp' or 'spark', got {transport!r}")
         self.model = model
@@ -45,7 +53,23 @@ class ParallelWrapper(KerasFit):
         self.threads_per_worker = int(threads_per_worker)
         self.custom_objects = custom_objects
         self.wire_integrity = wire_integrity
+        if devices is None and gpus_per_worker > 0:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+            devices = [d for d in visible.split(",") if d.strip()] if visible else None
+            if not devices:
+                raise ConfigurationError(
+                    f"gpus_per_worker={gpus_per_worker} needs devices=[...] (GPU ids) or "
+                    "CUDA_VISIBLE_DEVICES set in this process"
+                )
+        self.gpus_per_worker = int(gpus_per_worker)
+        self.devices = [str(d) for d in devices] if devices else []
         self.last_fit: FitResult | None = None
+
+    def worker_gpus(self, rank: int) -> list[str] | None:
+        """The GPU ids worker ``rank`` is pinned to; ``None`` when workers get no GPUs."""
+        if self.gpus_per_worker <= 0:
+            return None
+        return round_robin(self.devices, self.gpus_per_worker, rank)
 
     def _launcher(self) -> _ProcessLauncher:
         return _ProcessLauncher(self)
@@ -82,7 +106,8 @@ class _ProcessLauncher:
                 context.Process(
                     target=_worker_process,
                     args=(spec, rank, world, server.address, secret, wrapper.transport,
-                          wrapper.timeout_s, results_queue, wrapper.wire_integrity),
+                          wrapper.timeout_s, results_queue, wrapper.wire_integrity,
+                          wrapper.worker_gpus(rank)),
                     daemon=True,
                 )
                 for rank in range(world)
@@ -90,6 +115,7 @@ class _ProcessLauncher:
             for process in self._processes:
                 process.start()
             return _collect(results_queue, self._processes, wrapper.timeout_s)
+
 
 
 def _collect(results_queue: Any, processes: list[Any], timeout_s: float) -> list[dict[str, Any]]:
@@ -134,11 +160,13 @@ def _worker_process(
     timeout_s: float,
     results_queue: Any,
     wire_integrity: str = "none",
+    gpus: list[str] | None = None,
 ) -> None:
-    from sparkdl.training.worker import configure_tensorflow, run_worker
-
     try:
-        configure_tensorflow(spec.threads)
+        pin_gpus(gpus, role="parallel")  # before anything imports TensorFlow
+        from sparkdl.training.worker import configure_tensorflow, run_worker
+
+        configure_tensorflow(spec.threads, gpus)
         exchange = store_exchange(address, rank, world_size, secret=secret, timeout_s=timeout_s)
         comm = create_communicator(
             transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s,

@@ -53,12 +53,16 @@ def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
     cluster = cluster or ClusterConfig()
     ensure_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # under spark-submit the JVM already runs with --master/--conf as system properties;
+        # a SparkConf made before connecting to it would not see them (and local[2] would win)
+        SparkContext._ensure_initialized()
     conf = SparkConf()
     builder = SparkSession.builder.appName(cluster.app_name)
     if not conf.contains("spark.master") and cluster.master:

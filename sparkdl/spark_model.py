@@ -81,6 +81,20 @@ class SparkModel(KerasFit):
                 f"(spark.default.parallelism={sc.defaultParallelism}, "
                 f"spark.task.cpus={self._task_cpus()}); barrier mode needs one slot per worker"
             )
+        conf = sc.getConf()
+        task_gpus = float(conf.get("spark.task.resource.gpu.amount", "0"))
+        if task_gpus > 0:
+            executor_gpus = int(conf.get("spark.executor.resource.gpu.amount", "0"))
+            # the driver is listed too, except in local mode where it is the one executor
+            executors = max(1, len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1)
+            gpu_slots = executors * int(executor_gpus / task_gpus + 1e-9)
+            if num_workers > gpu_slots:
+                raise ConfigurationError(
+                    f"num_workers={num_workers} but Spark has only {gpu_slots} GPU task slots "
+                    f"({executors} executor(s) x spark.executor.resource.gpu.amount="
+                    f"{executor_gpus} / spark.task.resource.gpu.amount={task_gpus:g}); "
+                    "barrier mode needs one slot per worker"
+                )
 
     # Evaluation and inference ----------------------------------------------------------
 
@@ -287,6 +301,9 @@ _TASK_MODELS: dict[int, Any] = {}
 
 def _load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> Any:
     """Load a broadcast model once per Python worker process."""
+    from sparkdl.gpu import pin_gpus, task_gpu_addresses
+
+    pin_gpus(task_gpu_addresses(), role="model")  # before anything imports TensorFlow
     from sparkdl.training.serialization import model_from_bytes
     from sparkdl.training.worker import configure_tensorflow
 
@@ -304,13 +321,14 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
 
     from sparkdl.comm import create_communicator
     from sparkdl.comm.network import parse_port_range
+    from sparkdl.gpu import pin_gpus, task_gpu_addresses
     from sparkdl.training.worker import configure_tensorflow, run_worker
 
     context = BarrierTaskContext.get()
     rank = context.partitionId()
     infos = context.getTaskInfos()
-    resources = context.resources()
-    gpus = list(resources["gpu"].addresses) if "gpu" in resources else None
+    gpus = task_gpu_addresses()
+    pin_gpus(gpus, role="train")  # before the spec (and TensorFlow with it) is loaded
     spec = spec_broadcast.value
     configure_tensorflow(spec.threads, gpus)
     host = infos[rank].address.rsplit(":", 1)[0]

@@ -1,0 +1,148 @@
+"""A real multi-host Spark standalone cluster on one machine (sparkdl.testing.netcluster):
+the harness itself, the digits pipeline through spark-submit on 2 hosts x 2 workers, and GPU
+scheduling with fake GPUs. Needs root (network namespaces); skipped elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkdl.testing.netcluster import (
+    NetCluster,
+    NetClusterError,
+    check_privileges,
+    spark_submit,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = str(REPO / "conf" / "digits.yaml")
+HOSTS, CORES, GPUS = 2, 2, 2
+
+pytestmark = pytest.mark.slow
+
+try:
+    check_privileges()
+    _SKIP = None
+except NetClusterError as exc:
+    _SKIP = str(exc)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[NetCluster]:
+    if _SKIP:
+        pytest.skip(_SKIP)
+    state = tmp_path_factory.mktemp("netcluster")
+    # its own names and subnet, so that a cluster someone started with the CLI is left alone
+    with NetCluster(HOSTS, CORES, rate="100mbit", gpus_per_host=GPUS, state_dir=state,
+                    name="sdlt", subnet="10.77.9") as c:
+        yield c
+
+
+def submit(cluster: NetCluster, script: str, args: list[str], tmp_path: Path,
+           extra_conf: dict[str, str] | None = None, gpus_per_task: float = 0,
+           timeout: float = 300) -> subprocess.CompletedProcess:
+    """spark-submit to the harness exactly as docs/deployment.md shows."""
+    conf = {"spark.executorEnv.PYTHONPATH": str(REPO), **(extra_conf or {})}
+    command = [spark_submit(), "--master", cluster.master_url,
+               *cluster.submit_args(gpus_per_task=gpus_per_task)]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    return subprocess.run([*command, script, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def test_harness_hosts_links_and_shm(cluster):
+    ips = [h.ip for h in cluster.hosts]
+    assert len(set(ips)) == HOSTS
+    status = cluster.status()
+    assert sorted(w["host"] for w in status["workers"] if w["state"] == "ALIVE") == sorted(ips)
+    assert all(w["resources"]["gpu"]["addresses"] == ["0", "1"] for w in status["workers"])
+
+    # each namespace has exactly its own address (the executors' addresses are checked below)
+    for host in cluster.hosts:
+        out = cluster.exec(host.index, ["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                           capture_output=True, text=True, check=True).stdout
+        assert [line.split()[3] for line in out.splitlines()] == [f"{host.ip}/24"]
+
+    # each host has its own /dev/shm
+    name = f"/dev/shm/sparkdl-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        cluster.exec(0, ["touch", name], check=True)
+        assert cluster.exec(0, ["test", "-e", name]).returncode == 0
+        assert cluster.exec(1, ["test", "-e", name]).returncode != 0
+        assert not os.path.exists(name)
+    finally:
+        cluster.exec(0, ["rm", "-f", name])
+
+    # the links are rate-limited: 4 MB over 100 Mbit/s takes at least 0.32 s
+    seconds = cluster.transfer_seconds(0, 1, 4 << 20)
+    assert seconds >= 0.25, seconds
+
+
+def _pipeline(cluster, tmp_path, mode: str, epochs: int, **submit_kwargs):
+    out, data = tmp_path / "out", tmp_path / "data"
+    args = ["--conf", CONF, "--set", "training.num_workers=4", "--set", f"training.mode={mode}",
+            "--set", f"training.epochs={epochs}", "--set", f"output.dir={out}",
+            "--set", f"data.dir={data}"]
+    proc = submit(cluster, "jobs/pipeline.py", args, tmp_path, timeout=400, **submit_kwargs)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_pipeline_sharing_with_gpu_scheduling(cluster, tmp_path):
+    """Sharing on 2 hosts x 2 workers with fake GPUs: every barrier task and every evaluate
+    task was pinned to exactly its assigned GPU before TensorFlow loaded."""
+    trace = tmp_path / "gpu-trace.jsonl"
+    conf = {"spark.executorEnv.SPARKDL_GPU_TRACE": str(trace)}
+    metrics = _pipeline(cluster, tmp_path, "sharing", 6, extra_conf=conf, gpus_per_task=1)
+    assert metrics["mode"] == "sharing"
+    assert metrics["test_accuracy"] >= 0.9
+    hosts = {address.rsplit(":", 1)[0] for address in metrics["executor_addresses"]}
+    assert hosts == {h.ip for h in cluster.hosts}
+
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    train = [r for r in records if r["role"] == "train"]
+    model = [r for r in records if r["role"] == "model"]
+    assert len(train) == 4, records
+    assert model, "no evaluate/predict task recorded a pin"
+    for record in train + model:
+        assert len(record["addresses"]) == 1, record
+        assert record["cuda_visible_devices"] == record["addresses"][0], record
+        assert record["allow_growth"] == "true", record
+        assert record["tensorflow_loaded"] is False, record
+    # the two barrier tasks of each host got the host's two GPUs, one each
+    per_host: dict[str, list[str]] = {}
+    for record in train:
+        per_host.setdefault(record["local_ip"], []).append(record["addresses"][0])
+    assert {ip: sorted(ids) for ip, ids in per_host.items()} == {
+        h.ip: ["0", "1"] for h in cluster.hosts
+    }
+
+
+@pytest.mark.parametrize("mode", ["averaging", "dense"])
+def test_pipeline_modes(cluster, tmp_path, mode):
+    metrics = _pipeline(cluster, tmp_path, mode, 6)
+    assert metrics["mode"] == mode
+    assert metrics["test_accuracy"] >= 0.9
+    hosts = {address.rsplit(":", 1)[0] for address in metrics["executor_addresses"]}
+    assert hosts == {h.ip for h in cluster.hosts}
+
+
+def test_down_leaves_nothing(cluster):
+    pids = [cluster.master_pid] + [h.pid for h in cluster.hosts]
+    cluster.down()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    assert not any(h.netns in netns for h in cluster.hosts), netns
+    assert cluster.bridge not in links and not any(h.link in links for h in cluster.hosts)
+    assert not [p for p in pids if p and os.path.exists(f"/proc/{p}")]
+    assert not (cluster.state_dir / "state.json").exists()
