@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ MODEL_FILE = "model.keras"
 METRICS_FILE = "metrics.json"
 EVALUATION_FILE = "evaluation.json"
 PREDICTIONS_DIR = "predictions"
+PREDICTIONS_MARKER = "_sparkdl_predictions.json"
 
 
 def as_uri(location: str) -> str:
@@ -166,17 +169,39 @@ def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     """Predict on the test shards with the published model; write predictions as Parquet."""
     import keras
 
+    from sparkdl.data.writer import check_replaceable
     from sparkdl.spark_model import SparkModel
     from sparkdl.training.masters import master_from_training_config
 
     _, test_uri = shard_uris(config)
     out = local_path(config.output.dir)
-    model = keras.models.load_model(out / MODEL_FILE)
+    model_path = out / MODEL_FILE
+    if not model_path.is_file():
+        raise DataError(f"no trained model at {model_path}: run the train stage first")
+    target_dir = out / PREDICTIONS_DIR
+    target = target_dir.as_uri()
+    check_replaceable(target, marker=PREDICTIONS_MARKER)  # only what sparkdl wrote
+    model = keras.models.load_model(model_path)
     spark_model = SparkModel(
         spark, model, master_from_training_config(config.training), cluster=config.cluster
     )
-    target = (out / PREDICTIONS_DIR).as_uri()
-    spark_model.predict(test_uri).drop("features").write.mode("overwrite").parquet(target)
+    tmp = out / f".{PREDICTIONS_DIR}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        spark_model.predict(test_uri).drop("features").write.mode("errorifexists").parquet(
+            tmp.as_uri()
+        )
+        (tmp / PREDICTIONS_MARKER).write_text(json.dumps({"test_data": test_uri}) + "\n")
+        check_replaceable(target, marker=PREDICTIONS_MARKER)
+        if target_dir.exists():
+            old = out / f".{PREDICTIONS_DIR}.old-{uuid.uuid4().hex[:12]}"
+            os.replace(target_dir, old)
+            os.replace(tmp, target_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, target_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
     return {"predictions": target}
 
 

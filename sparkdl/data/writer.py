@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from sparkdl.data.files import FEATURES, LABEL, read_metadata, validate_schema
 from sparkdl.data.metadata import (
     FORMAT_VERSION,
+    METADATA_FILE,
     ShardFile,
     ShardMetadata,
     join,
@@ -57,6 +58,35 @@ def _replace_last(p: str, last: str) -> str:
     p = p.rstrip("/")
     head = p.rsplit("/", 1)[0] if "/" in p else ""
     return f"{head}/{last}" if head or p.startswith("/") else last
+
+
+def check_replaceable(uri: str, *, marker: str = METADATA_FILE) -> None:
+    """Refuse to replace ``uri`` unless sparkdl wrote it: it is absent, an empty directory, or
+    a directory holding ``marker`` (``_sparkdl.json``). Raises one :class:`DataError` otherwise.
+    """
+    fs, path = resolve(uri)
+    _check_replaceable(fs, path, uri, marker)
+
+
+def _check_replaceable(fs: pafs.FileSystem, path: str, uri: str, marker: str) -> None:
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return
+    if info.type != pafs.FileType.Directory:
+        raise DataError(
+            f"{uri} exists and is not a directory; sparkdl replaces only directories it wrote "
+            f"(holding {marker}): move or delete it yourself"
+        )
+    entries = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    if entries and not any(
+        e.base_name == marker and e.type == pafs.FileType.File for e in entries
+    ):
+        names = sorted(e.base_name for e in entries)
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise DataError(
+            f"{uri} holds files sparkdl did not write ({shown}; no {marker}): refusing to "
+            "replace it; move or delete it yourself, or choose another directory"
+        )
 
 
 def _validate_args(
@@ -267,6 +297,8 @@ def write_shards(
     existing = fs.get_file_info(path)
     if existing.type != pafs.FileType.NotFound and not overwrite:
         raise DataError(f"{uri} already exists; pass overwrite=True to replace it")
+    if overwrite:
+        _check_replaceable(fs, path, uri, METADATA_FILE)
 
     if num_workers is not None and num_workers < 1:
         raise ConfigurationError(f"num_workers must be >= 1, got {num_workers}")
@@ -331,12 +363,14 @@ def write_shards(
 
 
 def _publish(fs: pafs.FileSystem, path: str, uri: str, tmp_path: str, *, overwrite: bool) -> None:
-    """Rename the finished temporary directory to ``path``, replacing an old one if allowed."""
+    """Rename the finished temporary directory to ``path``, replacing an old one if allowed
+    (only a directory sparkdl wrote, or an empty one)."""
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         fs.move(tmp_path, path)
         return
     if not overwrite:
         raise DataError(f"{uri} appeared while the shards were being written")
+    _check_replaceable(fs, path, uri, METADATA_FILE)
     _, old_path = _sibling(uri, path, "old")
     fs.move(path, old_path)
     try:
