@@ -88,11 +88,10 @@ def run(
         raise ConfigurationError(f"data.options.{exc}") from None
     base = output_dir.rstrip("/")
     result: dict[str, Any] = {}
+    stats = None
     if analysis:
         with spark_data_errors():
             stats = analyze(raw)
-        write_analysis(stats, f"{base}/analysis.json")
-        result["analysis"] = f"{base}/analysis.json"
     from pyspark import StorageLevel
 
     with spark_data_errors():
@@ -120,4 +119,7 @@ def run(
         ))
     finally:
         data.unpersist()
+    if stats is not None:  # only once the data passed every check and the shards are written
+        write_analysis(stats, f"{base}/analysis.json")
+        result["analysis"] = f"{base}/analysis.json"
     return result
