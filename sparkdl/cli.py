@@ -147,6 +147,7 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     quiet_tensorflow()
     from sparkdl import stages
     from sparkdl.config import load_config
+    from sparkdl.data.spark_errors import quiet_task_failures
     from sparkdl.preflight import preflight
     from sparkdl.session import get_spark
 
@@ -155,6 +156,7 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
         config = load_config(args.conf, args.overrides)
         preflight(config, stage)  # everything checkable without Spark, before Spark starts
         spark = get_spark(config.cluster)
+        quiet_task_failures(spark)  # a bad record is one line, not a JVM stack trace
         run = getattr(stages, f"run_{stage}")
         resume = stage in ("train", "pipeline") and getattr(args, "resume", False)
         result = run(config, spark, resume=True) if resume else run(config, spark)

@@ -339,8 +339,10 @@ def write_shards(
             .sortWithinPartitions(_HASH_COL, FEATURES)
             .drop(_HASH_COL)
         )
-        writer = shuffled.write.mode("errorifexists").option(
-            "parquet.block.row.count.limit", int(rows_per_group)
+        writer = (
+            shuffled.write.mode("errorifexists")
+            .option("parquet.block.row.count.limit", int(rows_per_group))
+            .option("parquet.page.write-checksum.enabled", "true")  # the reader verifies them
         )
         if row_group_bytes is not None:
             writer = writer.option("parquet.block.size", int(row_group_bytes))
