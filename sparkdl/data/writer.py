@@ -283,6 +283,9 @@ def write_shards(
     With ``num_workers``, at least ``4 × num_workers`` files are written (and the row-group size
     is lowered if needed so every file holds row groups), so that every worker's slice is
     balanced. ``row_group_bytes`` caps a row group's size in bytes (parquet.block.size).
+    ``overwrite=True`` replaces an existing ``uri`` only if sparkdl wrote it (it holds
+    ``_sparkdl.json``) or it is empty; anything else is a :class:`DataError`, untouched.
+    Every data page carries a CRC that the reader verifies.
     Executor-side data errors (e.g. from a CSV or image reader upstream) surface as one
     :class:`DataError`. Returns the metadata written to ``_sparkdl.json``.
     """

@@ -59,8 +59,8 @@ def test_shards_carry_page_checksums_and_flipped_bytes_are_found(spark, tmp_path
     good = path.read_bytes()
     start, length = _column_data_offset(path)
     found = 0
-    for k in range(12):  # bytes spread over the column's data (page header included)
-        pos = start + 20 + (length - 40) * k // 12
+    for k in range(12):  # bytes spread over the page's (compressed) values
+        pos = start + length // 4 + (length // 2) * k // 12
         bad = bytearray(good)
         bad[pos] ^= 0x5A
         path.write_bytes(bytes(bad))
