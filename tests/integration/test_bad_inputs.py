@@ -201,3 +201,32 @@ def test_cli_bad_csv_is_one_line(tmp_path: Path) -> None:
     noise = [ln for ln in lines if ln.startswith(("\tat ", "Caused by", "Traceback"))]
     assert noise == [], proc.stderr[-3000:]
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+
+
+# --- item 1 for predictions: replaced only when sparkdl wrote them ---------------------------
+
+def test_predictions_replace_only_their_own(spark, tmp_path: Path, digits_shards,
+                                            make_mlp) -> None:
+    from sparkdl.config import load_config
+    from sparkdl.data import read_metadata
+    from sparkdl.stages import MODEL_FILE, PREDICTIONS_MARKER, run_predict
+
+    data_dir = digits_shards["train"].rsplit("/", 1)[0]
+    out = tmp_path / "run"
+    out.mkdir()
+    shape = read_metadata(digits_shards["train"]).feature_shape
+    make_mlp(shape, 10).save(out / MODEL_FILE)
+    config = load_config(None, [f"data.dir={data_dir}", f"output.dir={out}",
+                                "training.num_workers=2"])
+    first = run_predict(config, spark)
+    predictions = out / "predictions"
+    assert (predictions / PREDICTIONS_MARKER).is_file()
+    assert run_predict(config, spark) == first  # its own output is replaced
+    assert sorted(p.name for p in out.iterdir()) == [MODEL_FILE, "predictions"]
+    for p in predictions.iterdir():
+        p.unlink()
+    (predictions / "mine.txt").write_text("keep")
+    with pytest.raises(DataError, match=r"predictions holds files sparkdl did not write"):
+        run_predict(config, spark)
+    assert [p.name for p in predictions.iterdir()] == ["mine.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [MODEL_FILE, "predictions"]
