@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import JobConfig
-from sparkdl.errors import DataError
+from sparkdl.errors import ConfigurationError, DataError
 from sparkdl.report import HISTORY_FILE, REPORT_FILE, write_history_csv, write_report
 
 if TYPE_CHECKING:
@@ -48,6 +48,23 @@ def local_path(location: str) -> Path:
     if "://" in location:
         raise DataError(f"output.dir must be a local path or file:// URI, got {location}")
     return Path(location).expanduser().resolve()
+
+
+def output_dir(config: JobConfig) -> Path:
+    """``output.dir`` as a local directory, created if needed; one clear error if it cannot be.
+    """
+    out = local_path(config.output.dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigurationError(
+            f"output.dir: {config.output.dir} cannot be a directory: it or a parent is a file"
+        ) from None
+    except OSError as exc:
+        raise ConfigurationError(
+            f"output.dir: cannot create {out}: {exc.strerror or exc}"
+        ) from None
+    return out
 
 
 def shard_uris(config: JobConfig) -> tuple[str, str]:
@@ -88,6 +105,7 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
     from sparkdl.training.masters import master_from_training_config
 
     train_uri, _ = shard_uris(config)
+    out = output_dir(config)  # before training: a model is never lost for want of a place
     metadata = read_metadata(train_uri)
     num_outputs = metadata.num_classes if metadata.label_kind == "class" else int(
         max(1, _prod(metadata.label_shape))
@@ -121,8 +139,7 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
         prefetch=training.prefetch,
         decode_threads=training.decode_threads,
     )
-    out = local_path(config.output.dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(config)
     _save_model_atomically(spark_model.model, out / MODEL_FILE)
     metrics = {**fit.metrics, "history": fit.history, "model": str(out / MODEL_FILE),
                "train_data": train_uri, "validation_freq": training.validation_freq,

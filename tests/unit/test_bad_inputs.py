@@ -267,3 +267,18 @@ def test_samples_into_a_file(capsys, tmp_path: Path) -> None:
 
 def test_report_of_a_missing_run(capsys, tmp_path: Path) -> None:
     _refused(capsys, ["report", str(tmp_path / "nope")], r"sparkdl report: error: ")
+
+
+def test_stage_output_dir_that_is_a_file(tmp_path: Path) -> None:
+    """run_train called directly (no CLI preflight) also fails before training."""
+    from sparkdl.config import load_config
+    from sparkdl.errors import ConfigurationError
+    from sparkdl.stages import output_dir
+
+    (tmp_path / "run").write_text("x")
+    for target in ("run", "run/sub"):
+        config = load_config(None, [f"output.dir={tmp_path / target}"])
+        with pytest.raises(ConfigurationError, match=r"output\.dir: .*run.* cannot be a directory"):
+            output_dir(config)
+    assert (tmp_path / "run").read_text() == "x"
+    assert output_dir(load_config(None, [f"output.dir={tmp_path / 'new'}"])).is_dir()
