@@ -1,5 +1,6 @@
 """Bad inputs on a real local Spark: each one clear sparkdl error naming the file or key, and
-nothing touched or half-written. The ones that need no Spark are in tests/unit/test_bad_inputs_nospark.py.
+nothing touched or half-written. The ones that need no Spark are in
+tests/unit/test_bad_inputs_nospark.py.
 """
 
 from __future__ import annotations
