@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkdl.data.spark_errors import spark_data_errors
 from sparkdl.data.writer import write_shards
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import ConfigurationError, DataError
 from sparkdl.etl.clean import POLICIES, handle_non_finite
 from sparkdl.etl.normalizers import NORMALIZERS, get_normalizer
 from sparkdl.etl.split import train_test_split
@@ -119,20 +119,53 @@ def _write_splits(output_dir: str, splits: dict[str, DataFrame], *, pipeline: st
     if normalizer and normalizer != "none":
         norm = get_normalizer(normalizer).fit(cleaned["train"])
     config = norm.to_config() if norm else None
+    written: list[str] = []
     for split, df in cleaned.items():
         uri = f"{base}/{split}"
-        meta = write_shards(
-            norm.transform(df) if norm else df, uri, feature_shape=feature_shape,
-            label_kind=label_kind, classes=list(classes), num_files=num_files,
-            num_workers=num_workers, rows_per_group=rows_per_group, normalizer=config,
-            transform=transform, extra={"pipeline": pipeline, **(extra or {}), "split": split},
-            overwrite=overwrite, seed=seed,
-        )
+        try:
+            meta = write_shards(
+                norm.transform(df) if norm else df, uri, feature_shape=feature_shape,
+                label_kind=label_kind, classes=list(classes), num_files=num_files,
+                num_workers=num_workers, rows_per_group=rows_per_group, normalizer=config,
+                transform=transform,
+                extra={"pipeline": pipeline, **(extra or {}), "split": split},
+                overwrite=overwrite, seed=seed,
+            )
+        except DataError as exc:
+            _remove(written)  # no train split without its test split
+            source = (extra or {}).get("source")
+            where = f"{source}, {split} split" if source else f"{split} split"
+            message = f"{where}: {exc}"
+            if label_kind == "class" and "outside the" in str(exc):
+                message += "; rows with such labels per split: " + ", ".join(
+                    f"{name} {_bad_labels(part, len(classes))}"
+                    for name, part in cleaned.items()
+                )
+            raise DataError(message) from None
+        except BaseException:
+            _remove(written)
+            raise
+        written.append(uri)
         out[split] = uri
         out[f"{split}_rows"] = meta.num_rows
     out["feature_shape"] = list(feature_shape)
     out["classes"] = list(classes)
     return out
+
+
+def _bad_labels(df: DataFrame, num_classes: int) -> int:
+    from pyspark.sql import functions as F
+
+    label = F.col("label")
+    return df.filter(label.isNotNull() & ((label < 0) | (label >= num_classes))).count()
+
+
+def _remove(uris: list[str]) -> None:
+    from sparkdl.data.metadata import resolve
+
+    for uri in uris:
+        fs, path = resolve(uri)
+        fs.delete_dir(path)
 
 
 def split(df: DataFrame, test_fraction: float, seed: int) -> dict[str, DataFrame]:

@@ -22,7 +22,7 @@ from pipelines._common import (
     write_splits,
 )
 from sparkdl.data.spark_errors import spark_data_errors
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import ConfigurationError, DataError
 from sparkdl.etl.analysis import analyze, write_analysis
 from sparkdl.etl.readers.csv import read_csv
 from sparkdl.etl.transform import TransformProcess
@@ -86,13 +86,20 @@ def run(
                        quote=quote)
     except ConfigurationError as exc:
         raise ConfigurationError(f"data.options.{exc}") from None
+    source = str(path) if isinstance(path, str) else "<lines>"
+    with spark_data_errors():
+        empty = not raw.head(1)
+    if empty:
+        raise DataError(
+            f"CSV {source} is empty: no records"
+            + (" after the header line" if header else "")
+        )
     base = output_dir.rstrip("/")
     result: dict[str, Any] = {}
+    stats = None
     if analysis:
         with spark_data_errors():
             stats = analyze(raw)
-        write_analysis(stats, f"{base}/analysis.json")
-        result["analysis"] = f"{base}/analysis.json"
     from pyspark import StorageLevel
 
     with spark_data_errors():
@@ -114,10 +121,13 @@ def run(
             feature_shape=shape, classes=names, label_kind=label_kind, normalizer=normalizer,
             nan_policy=nan_policy, num_files=num_files, num_workers=num_workers,
             rows_per_group=rows_per_group, seed=seed, transform=tp.to_config(),
-            extra={"source": str(path) if isinstance(path, str) else "<lines>", "seed": seed,
+            extra={"source": source, "seed": seed,
                    "test_fraction": test_fraction},
             overwrite=overwrite,
         ))
     finally:
         data.unpersist()
+    if stats is not None:  # only once the data passed every check and the shards are written
+        write_analysis(stats, f"{base}/analysis.json")
+        result["analysis"] = f"{base}/analysis.json"
     return result

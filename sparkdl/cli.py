@@ -3,6 +3,10 @@
 ``sparkdl report RUN_DIR`` (re)writes ``RUN_DIR/report.html`` from its ``metrics.json`` and
 ``evaluation.json``.
 
+``sparkdl validate --conf FILE [--set key=value ...] [--stage STAGE]`` checks a configuration
+without Spark (the same :func:`~sparkdl.preflight.preflight` every stage runs before Spark
+starts) and prints ``{"valid": true, ...}``; a bad one exits 2 with the message on stderr.
+
 ``sparkdl samples [DIR]`` writes the sample inputs of ``conf/mnist.yaml``, ``conf/csv.yaml``
 and ``conf/images.yaml`` (default ``data/``, where those confs look).
 
@@ -16,6 +20,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from sparkdl.errors import SparkDLError
 from sparkdl.logs import LEVELS, configure_logging, quiet_tensorflow
@@ -29,7 +34,8 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
         description="Run a sparkdl job stage on Spark.",
     )
     if stage is None:
-        parser.add_argument("stage", choices=STAGES, help="the stage to run (or: samples [DIR])")
+        parser.add_argument("stage", choices=STAGES, help="the stage to run (or: samples [DIR], "
+                            "report RUN_DIR, validate --conf FILE)")
     parser.add_argument("--conf", required=True, help="YAML job configuration (conf/*.yaml)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -58,8 +64,55 @@ def samples_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     from sparkdl.etl.samples import write_samples
 
-    print(json.dumps(write_samples(args.dir), indent=2), flush=True)
+    root = Path(args.dir)
+    if root.exists() and not root.is_dir():
+        print(f"sparkdl samples: error: {args.dir} exists and is not a directory",
+              file=sys.stderr, flush=True)
+        return 2
+    try:
+        written = write_samples(args.dir)
+    except (SparkDLError, OSError) as exc:
+        print(f"sparkdl samples: error: {_describe(exc)}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(written, indent=2), flush=True)
     return 0
+
+
+def validate_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sparkdl validate",
+        description="Check a job configuration without starting Spark: keys and types, "
+                    "pipeline and options, model, optimizer, addresses, output directories.",
+    )
+    parser.add_argument("--conf", required=True, help="YAML job configuration (conf/*.yaml)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a configuration key (repeatable)",
+    )
+    parser.add_argument("--stage", choices=STAGES, default="pipeline",
+                        help="check what this stage needs (default: pipeline, i.e. all)")
+    args = parser.parse_args(argv)
+    quiet_tensorflow()
+    from sparkdl.config import load_config
+    from sparkdl.preflight import preflight
+
+    try:
+        config = load_config(args.conf, args.overrides)
+        preflight(config, args.stage)
+    except SparkDLError as exc:
+        print(f"sparkdl validate: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps({"valid": True, "conf": args.conf, "stage": args.stage,
+                      "pipeline": config.data.pipeline, "model": config.model.name,
+                      "data_dir": config.data.dir, "output_dir": config.output.dir}),
+          flush=True)
+    return 0
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc)
 
 
 def report_main(argv: Sequence[str]) -> int:
@@ -86,18 +139,24 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
         return samples_main(argv[1:])
     if stage is None and argv[:1] == ["report"]:
         return report_main(argv[1:])
+    if stage is None and argv[:1] == ["validate"]:
+        return validate_main(argv[1:])
     args = build_parser(stage).parse_args(argv)
     stage = stage or args.stage
     configure_logging(args.log_level)
     quiet_tensorflow()
     from sparkdl import stages
     from sparkdl.config import load_config
+    from sparkdl.data.spark_errors import quiet_task_failures
+    from sparkdl.preflight import preflight
     from sparkdl.session import get_spark
 
     spark = None
     try:
         config = load_config(args.conf, args.overrides)
+        preflight(config, stage)  # everything checkable without Spark, before Spark starts
         spark = get_spark(config.cluster)
+        quiet_task_failures(spark)  # a bad record is one line, not a JVM stack trace
         run = getattr(stages, f"run_{stage}")
         resume = stage in ("train", "pipeline") and getattr(args, "resume", False)
         result = run(config, spark, resume=True) if resume else run(config, spark)

@@ -14,13 +14,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sparkdl.errors import ConfigurationError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: no bool for an int or float (``num_workers: true`` is not 1), no number for a
+    # string, no "1" for a bool; allow_inf_nan: ``.inf`` and ``.nan`` are refused everywhere.
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False
+    )
 
 
 class ClusterConfig(_Section):
@@ -92,6 +103,15 @@ class ThresholdConfig(_Section):
     )
     sparsity: float = Field(default=1e-3, gt=0, le=1)
 
+    @model_validator(mode="after")
+    def _band(self) -> ThresholdConfig:
+        if self.min_sparsity > self.max_sparsity:
+            raise ValueError(
+                f"min_sparsity ({self.min_sparsity!r}) must be <= max_sparsity "
+                f"({self.max_sparsity!r})"
+            )
+        return self
+
 
 class ShakeUpConfig(_Section):
     """Every ``frequency`` steps (0: never) encode at ``tau * factor`` (DL4J: tau / 3)."""
@@ -135,6 +155,14 @@ class TrainingConfig(_Section):
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
+
+    @field_validator("verbose", mode="before")
+    @classmethod
+    def _verbose_not_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # True == 1 would pass the Literal
+            raise ValueError("expected 'auto', 0, 1 or 2")
+        return value
+
     prefetch: int = Field(
         default=4, ge=1,
         description="row groups each worker decodes ahead (the seeds' workerPrefetchNumBatches)",
@@ -181,7 +209,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigurationError(f"--set expects key=value with a dotted key, got {text!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_ConfigLoader) if raw.strip() else ""
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"--set {key}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"--set {key}: cannot parse value {raw!r}: {exc}") from None
     path = key.split(".")
@@ -223,10 +253,7 @@ def load_config(
         file = Path(path)
         if not file.is_file():
             raise ConfigurationError(f"configuration file {source} does not exist")
-        try:
-            raw = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigurationError(f"{source}: not valid YAML: {exc}") from None
+        raw = _load_yaml(file, source) or {}
         if not isinstance(raw, dict):
             raise ConfigurationError(
                 f"{source}: expected a mapping of sections, got {type(raw).__name__}"
@@ -236,6 +263,60 @@ def load_config(
         return JobConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigurationError(describe_validation_error(exc, source)) from None
+
+
+MAX_DEPTH = 64  # nesting levels a configuration may have
+MAX_BYTES = 1 << 20  # a configuration file is small
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without aliases (a 570-byte alias bomb expands to gigabytes) and
+    with bounded nesting (thousands of levels would overflow the recursive composer)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigurationError(
+                f"line {mark.line + 1}: YAML aliases (*name) are not allowed in a configuration"
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise ConfigurationError(
+                    f"line {mark.line + 1}: nested more than {MAX_DEPTH} levels deep"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _load_yaml(file: Path, source: str) -> Any:
+    """Parse a configuration file; every failure is one :class:`ConfigurationError`."""
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise ConfigurationError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise ConfigurationError(
+            f"{source}: {len(data)} bytes; a configuration file is at most {MAX_BYTES}"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(
+            f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    try:
+        return yaml.load(text, Loader=_ConfigLoader)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{source}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"{source}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigurationError(f"{source}: nested too deeply") from None
 
 
 def describe_validation_error(exc: ValidationError, source: str) -> str:

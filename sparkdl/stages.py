@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import JobConfig
-from sparkdl.errors import DataError
+from sparkdl.errors import ConfigurationError, DataError
 from sparkdl.report import HISTORY_FILE, REPORT_FILE, write_history_csv, write_report
 
 if TYPE_CHECKING:
@@ -27,6 +29,7 @@ MODEL_FILE = "model.keras"
 METRICS_FILE = "metrics.json"
 EVALUATION_FILE = "evaluation.json"
 PREDICTIONS_DIR = "predictions"
+PREDICTIONS_MARKER = "_sparkdl_predictions.json"
 
 
 def as_uri(location: str) -> str:
@@ -45,6 +48,23 @@ def local_path(location: str) -> Path:
     if "://" in location:
         raise DataError(f"output.dir must be a local path or file:// URI, got {location}")
     return Path(location).expanduser().resolve()
+
+
+def output_dir(config: JobConfig) -> Path:
+    """``output.dir`` as a local directory, created if needed; one clear error if it cannot be.
+    """
+    out = local_path(config.output.dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigurationError(
+            f"output.dir: {config.output.dir} cannot be a directory: it or a parent is a file"
+        ) from None
+    except OSError as exc:
+        raise ConfigurationError(
+            f"output.dir: cannot create {out}: {exc.strerror or exc}"
+        ) from None
+    return out
 
 
 def shard_uris(config: JobConfig) -> tuple[str, str]:
@@ -85,6 +105,7 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
     from sparkdl.training.masters import master_from_training_config
 
     train_uri, _ = shard_uris(config)
+    out = output_dir(config)  # before training: a model is never lost for want of a place
     metadata = read_metadata(train_uri)
     num_outputs = metadata.num_classes if metadata.label_kind == "class" else int(
         max(1, _prod(metadata.label_shape))
@@ -118,8 +139,7 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
         prefetch=training.prefetch,
         decode_threads=training.decode_threads,
     )
-    out = local_path(config.output.dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(config)
     _save_model_atomically(spark_model.model, out / MODEL_FILE)
     metrics = {**fit.metrics, "history": fit.history, "model": str(out / MODEL_FILE),
                "train_data": train_uri, "validation_freq": training.validation_freq,
@@ -166,17 +186,39 @@ def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     """Predict on the test shards with the published model; write predictions as Parquet."""
     import keras
 
+    from sparkdl.data.writer import check_replaceable
     from sparkdl.spark_model import SparkModel
     from sparkdl.training.masters import master_from_training_config
 
     _, test_uri = shard_uris(config)
     out = local_path(config.output.dir)
-    model = keras.models.load_model(out / MODEL_FILE)
+    model_path = out / MODEL_FILE
+    if not model_path.is_file():
+        raise DataError(f"no trained model at {model_path}: run the train stage first")
+    target_dir = out / PREDICTIONS_DIR
+    target = target_dir.as_uri()
+    check_replaceable(target, marker=PREDICTIONS_MARKER)  # only what sparkdl wrote
+    model = keras.models.load_model(model_path)
     spark_model = SparkModel(
         spark, model, master_from_training_config(config.training), cluster=config.cluster
     )
-    target = (out / PREDICTIONS_DIR).as_uri()
-    spark_model.predict(test_uri).drop("features").write.mode("overwrite").parquet(target)
+    tmp = out / f".{PREDICTIONS_DIR}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        spark_model.predict(test_uri).drop("features").write.mode("errorifexists").parquet(
+            tmp.as_uri()
+        )
+        (tmp / PREDICTIONS_MARKER).write_text(json.dumps({"test_data": test_uri}) + "\n")
+        check_replaceable(target, marker=PREDICTIONS_MARKER)
+        if target_dir.exists():
+            old = out / f".{PREDICTIONS_DIR}.old-{uuid.uuid4().hex[:12]}"
+            os.replace(target_dir, old)
+            os.replace(tmp, target_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, target_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
     return {"predictions": target}
 
 

@@ -101,10 +101,20 @@ def listed_file(uri: str, metadata: ShardMetadata, path: str) -> ShardFile:
 
 
 class ShardFileHandle:
-    """An open Parquet file, validated against the metadata when first opened."""
+    """An open Parquet file, validated against the metadata when first opened.
 
-    def __init__(self, uri: str, path: str, metadata: ShardMetadata) -> None:
+    Every data page's CRC (written by the shard writer) is verified as it is read, so
+    corrupted bytes are a :class:`DataError` naming the file instead of different values.
+    With ``check_values`` (the default) every row group read is also checked for labels
+    outside the declared classes and for NaN or infinite values (a sum per row group; for
+    shards not written by sparkdl's ETL, which checks them before writing).
+    """
+
+    def __init__(
+        self, uri: str, path: str, metadata: ShardMetadata, *, check_values: bool = True
+    ) -> None:
         self.source = join(uri, path)
+        self.check_values = check_values
         fs, base = resolve(uri)
         entry = listed_file(uri, metadata, path)
         try:
@@ -112,7 +122,7 @@ class ShardFileHandle:
         except (OSError, pa.ArrowException) as exc:
             raise DataError(f"cannot open shard file {self.source}: {exc}") from None
         try:
-            self._file = pq.ParquetFile(self._stream)
+            self._file = pq.ParquetFile(self._stream, page_checksum_verification=True)
         except (OSError, pa.ArrowException) as exc:
             self._stream.close()
             raise DataError(
@@ -136,16 +146,20 @@ class ShardFileHandle:
             )
         except (OSError, pa.ArrowException) as exc:
             raise DataError(
-                f"cannot read row group {index} of shard file {self.source}: {exc}"
+                f"cannot read row group {index} of shard file {self.source} (corrupt or "
+                f"changed bytes): {exc}"
             ) from None
-        return _convert(table, self.metadata, self.source, self.starts[index])
+        return _convert(table, self.metadata, self.source, self.starts[index],
+                        check=self.check_values)
 
     def read_all(self) -> tuple[np.ndarray, np.ndarray]:
         try:
             table = self._file.read(columns=[FEATURES, LABEL])
         except (OSError, pa.ArrowException) as exc:
-            raise DataError(f"cannot read shard file {self.source}: {exc}") from None
-        return _convert(table, self.metadata, self.source, 0)
+            raise DataError(
+                f"cannot read shard file {self.source} (corrupt or changed bytes): {exc}"
+            ) from None
+        return _convert(table, self.metadata, self.source, 0, check=self.check_values)
 
     def close(self) -> None:
         self._file.close()
@@ -179,7 +193,7 @@ def verify_files(uri: str, metadata: ShardMetadata) -> None:
 
 
 def _convert(
-    table: pa.Table, metadata: ShardMetadata, source: str, first_row: int
+    table: pa.Table, metadata: ShardMetadata, source: str, first_row: int, *, check: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
     x = _list_to_numpy(
         table.column(FEATURES), metadata.feature_size,
@@ -195,7 +209,43 @@ def _convert(
         y = _list_to_numpy(
             label, metadata.label_size, name=LABEL, source=source, first_row=first_row
         ).reshape(len(x), *metadata.label_shape)
+    if check:
+        check_values(x, y, metadata, source, first_row)
     return x, y
+
+
+def check_values(
+    x: np.ndarray, y: np.ndarray, metadata: ShardMetadata, source: str, first_row: int = 0
+) -> None:
+    """Raise :class:`DataError` naming ``source`` and the row for a label outside the declared
+    classes or a NaN / infinite feature or target. Cheap: a sum and a min/max per array; the
+    row is looked for only when one is found."""
+    if not len(x):
+        return
+    _check_finite(x, FEATURES, source, first_row)
+    if metadata.label_kind == "class":
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= metadata.num_classes:
+            bad = np.flatnonzero((y < 0) | (y >= metadata.num_classes))
+            raise DataError(
+                f"{source}: column 'label' row {first_row + int(bad[0])} holds "
+                f"{int(y[bad[0]])}, outside the {metadata.num_classes} declared classes "
+                f"[0, {metadata.num_classes}) ({bad.size} such rows in this row group)"
+            )
+    else:
+        _check_finite(y, LABEL, source, first_row)
+
+
+def _check_finite(a: np.ndarray, name: str, source: str, first_row: int) -> None:
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(a.sum()):  # NaN and inf propagate into the sum (overflow: look)
+            return
+    rows = np.flatnonzero(~np.isfinite(a.reshape(len(a), -1)).all(axis=1))
+    if rows.size:
+        raise DataError(
+            f"{source}: column {name!r} row {first_row + int(rows[0])} holds NaN or infinite "
+            f"values ({rows.size} such rows in this row group)"
+        )
 
 
 def empty_arrays(metadata: ShardMetadata) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from sparkdl.data.files import FEATURES, LABEL, read_metadata, validate_schema
 from sparkdl.data.metadata import (
     FORMAT_VERSION,
+    METADATA_FILE,
     ShardFile,
     ShardMetadata,
     join,
@@ -57,6 +58,35 @@ def _replace_last(p: str, last: str) -> str:
     p = p.rstrip("/")
     head = p.rsplit("/", 1)[0] if "/" in p else ""
     return f"{head}/{last}" if head or p.startswith("/") else last
+
+
+def check_replaceable(uri: str, *, marker: str = METADATA_FILE) -> None:
+    """Refuse to replace ``uri`` unless sparkdl wrote it: it is absent, an empty directory, or
+    a directory holding ``marker`` (``_sparkdl.json``). Raises one :class:`DataError` otherwise.
+    """
+    fs, path = resolve(uri)
+    _check_replaceable(fs, path, uri, marker)
+
+
+def _check_replaceable(fs: pafs.FileSystem, path: str, uri: str, marker: str) -> None:
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return
+    if info.type != pafs.FileType.Directory:
+        raise DataError(
+            f"{uri} exists and is not a directory; sparkdl replaces only directories it wrote "
+            f"(holding {marker}): move or delete it yourself"
+        )
+    entries = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    if entries and not any(
+        e.base_name == marker and e.type == pafs.FileType.File for e in entries
+    ):
+        names = sorted(e.base_name for e in entries)
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise DataError(
+            f"{uri} holds files sparkdl did not write ({shown}; no {marker}): refusing to "
+            "replace it; move or delete it yourself, or choose another directory"
+        )
 
 
 def _validate_args(
@@ -253,6 +283,9 @@ def write_shards(
     With ``num_workers``, at least ``4 × num_workers`` files are written (and the row-group size
     is lowered if needed so every file holds row groups), so that every worker's slice is
     balanced. ``row_group_bytes`` caps a row group's size in bytes (parquet.block.size).
+    ``overwrite=True`` replaces an existing ``uri`` only if sparkdl wrote it (it holds
+    ``_sparkdl.json``) or it is empty; anything else is a :class:`DataError`, untouched.
+    Every data page carries a CRC that the reader verifies.
     Executor-side data errors (e.g. from a CSV or image reader upstream) surface as one
     :class:`DataError`. Returns the metadata written to ``_sparkdl.json``.
     """
@@ -267,6 +300,8 @@ def write_shards(
     existing = fs.get_file_info(path)
     if existing.type != pafs.FileType.NotFound and not overwrite:
         raise DataError(f"{uri} already exists; pass overwrite=True to replace it")
+    if overwrite:
+        _check_replaceable(fs, path, uri, METADATA_FILE)
 
     if num_workers is not None and num_workers < 1:
         raise ConfigurationError(f"num_workers must be >= 1, got {num_workers}")
@@ -307,8 +342,10 @@ def write_shards(
             .sortWithinPartitions(_HASH_COL, FEATURES)
             .drop(_HASH_COL)
         )
-        writer = shuffled.write.mode("errorifexists").option(
-            "parquet.block.row.count.limit", int(rows_per_group)
+        writer = (
+            shuffled.write.mode("errorifexists")
+            .option("parquet.block.row.count.limit", int(rows_per_group))
+            .option("parquet.page.write-checksum.enabled", "true")  # the reader verifies them
         )
         if row_group_bytes is not None:
             writer = writer.option("parquet.block.size", int(row_group_bytes))
@@ -331,12 +368,14 @@ def write_shards(
 
 
 def _publish(fs: pafs.FileSystem, path: str, uri: str, tmp_path: str, *, overwrite: bool) -> None:
-    """Rename the finished temporary directory to ``path``, replacing an old one if allowed."""
+    """Rename the finished temporary directory to ``path``, replacing an old one if allowed
+    (only a directory sparkdl wrote, or an empty one)."""
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         fs.move(tmp_path, path)
         return
     if not overwrite:
         raise DataError(f"{uri} appeared while the shards were being written")
+    _check_replaceable(fs, path, uri, METADATA_FILE)
     _, old_path = _sibling(uri, path, "old")
     fs.move(path, old_path)
     try:

@@ -1,0 +1,207 @@
+"""Check a job configuration before any work starts (no Spark): names, options, addresses,
+and that every directory the stage writes can be written.
+
+:func:`preflight` runs before the CLI starts Spark, and is ``sparkdl validate --conf FILE``.
+It raises one :class:`ConfigurationError` (or :class:`DataError` for a directory sparkdl may
+not replace) naming the key and what is wrong, so that a mistake found at the end of training
+(an ``output.dir`` that is a file) or inside the executors (a bad port range) is found first.
+"""
+
+from __future__ import annotations
+
+import inspect
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from sparkdl.config import JobConfig
+from sparkdl.errors import ConfigurationError
+
+STAGES = ("etl", "train", "evaluate", "predict", "pipeline")
+
+# Pipelines whose ``run(**options)`` passes unknown options on to another pipeline's ``run``.
+_FORWARDS = {"iris": "csv"}
+# Arguments of a pipeline's ``run`` that are not ``data.options``.
+_NOT_OPTIONS = {"spark", "output_dir", "overwrite", "pipeline"}
+_COMMON = ("test_fraction", "seed", "normalizer", "nan_policy", "num_files", "num_workers",
+           "rows_per_group")  # the options check_common takes
+
+
+def preflight(config: JobConfig, stage: str) -> None:
+    """Check everything ``stage`` of ``config`` needs that can be checked without Spark.
+
+    Raises:
+        ConfigurationError: naming the key (``data.options.seed``, ``output.dir``, ...).
+        DataError: an output directory exists and holds files sparkdl did not write.
+    """
+    if stage not in STAGES:
+        raise ConfigurationError(f"unknown stage {stage!r}; expected one of {STAGES}")
+    check_cluster(config)
+    if stage in ("etl", "pipeline"):
+        check_pipeline(config)
+        _check_writable("data.dir", config.data.dir)
+        if config.data.overwrite:
+            from sparkdl.data.writer import check_replaceable
+            from sparkdl.stages import shard_uris
+
+            for uri in shard_uris(config):
+                if _local(uri) is not None:
+                    check_replaceable(uri)
+    if stage in ("train", "pipeline"):
+        check_model(config)
+        training = config.training
+        for key, value in (("training.checkpoint_dir", training.checkpoint_dir),
+                           ("training.tensorboard_dir", training.tensorboard_dir)):
+            if value:
+                _check_writable(key, value)
+    if stage in ("train", "evaluate", "predict", "pipeline"):
+        _check_writable("output.dir", config.output.dir, local_only=True)
+    if stage == "predict":
+        from sparkdl.data.writer import check_replaceable
+        from sparkdl.stages import PREDICTIONS_DIR, PREDICTIONS_MARKER
+
+        out = _local(config.output.dir) or Path(config.output.dir)
+        check_replaceable((out.resolve() / PREDICTIONS_DIR).as_uri(), marker=PREDICTIONS_MARKER)
+
+
+def check_cluster(config: JobConfig) -> None:
+    """``cluster.port_range`` and ``cluster.network_mask`` parse."""
+    from sparkdl.comm.network import parse_port_range
+
+    cluster = config.cluster
+    try:
+        parse_port_range(cluster.port_range)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"cluster.port_range: {exc}") from None
+    if cluster.network_mask is not None:
+        try:
+            ipaddress.ip_network(cluster.network_mask, strict=False)
+        except ValueError:
+            raise ConfigurationError(
+                f"cluster.network_mask: expected CIDR like '10.0.0.0/8', got "
+                f"{cluster.network_mask!r}"
+            ) from None
+        if str(cluster.master or "").startswith("local"):  # the workers run here
+            from sparkdl.comm.network import select_bind_address
+
+            try:
+                select_bind_address(cluster.network_mask)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"cluster.{exc}") from None
+
+
+def check_pipeline(config: JobConfig) -> None:
+    """The pipeline exists and takes every ``data.options`` key; common values are valid."""
+    from pipelines import PIPELINES, get_pipeline
+    from pipelines._common import check_common, option
+
+    name = config.data.pipeline
+    known = _option_names(get_pipeline(name))
+    if name in _FORWARDS:
+        known |= _option_names(get_pipeline(_FORWARDS[name]))
+    options = config.data.options
+    for key in sorted(options):
+        if key not in known:
+            raise ConfigurationError(
+                f"data.options.{key}: unknown option for the {name} pipeline; it takes "
+                f"{', '.join(sorted(known))}"
+            )
+    defaults = _defaults(get_pipeline(_FORWARDS.get(name, name)))
+    defaults.update(_defaults(get_pipeline(name)))
+    neutral = {"test_fraction": 0.5, "seed": 0, "normalizer": None, "nan_policy": "fail",
+               "num_files": None, "num_workers": None, "rows_per_group": 1}
+    values = {**neutral, **defaults, **options}
+    check_common(**{k: values[k] for k in _COMMON})
+    for key in ("header", "analysis"):
+        if key in options:
+            option(key, options[key], bool)
+    path = options.get("path")
+    if isinstance(path, str) and name in PIPELINES and _local(path) is not None:
+        local = _local(path)
+        if not any(ch in path for ch in "*?[") and not local.exists():
+            raise ConfigurationError(f"data.options.path: {path} does not exist")
+    if name in ("csv",) or (name in _FORWARDS and "columns" in options):
+        from sparkdl.etl.readers.schema import parse_columns
+
+        if "columns" in options:
+            parse_columns(options["columns"], key="data.options.columns")
+    if "transform" in options and options["transform"] is not None:
+        from sparkdl.etl.transform import TransformProcess
+
+        TransformProcess.from_config(options["transform"], key="data.options.transform")
+
+
+def check_model(config: JobConfig) -> None:
+    """The model builder, its parameters, the optimizer and the loss resolve (imports Keras)."""
+    import keras
+
+    from sparkdl.models import resolve_builder
+
+    model = config.model
+    builder = resolve_builder(model.name)
+    try:
+        sig = inspect.signature(builder)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind(input_shape=(1,), num_classes=2, **model.params)
+        except TypeError as exc:
+            raise ConfigurationError(f"model.params: {model.name}: {exc}") from None
+    try:
+        keras.optimizers.get({"class_name": model.optimizer.name,
+                              "config": {"learning_rate": model.optimizer.learning_rate}})
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(
+            f"model.optimizer.name: unknown optimizer {model.optimizer.name!r} ({exc})"
+        ) from None
+    try:
+        keras.losses.get(model.loss)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"model.loss: unknown loss {model.loss!r} ({exc})") from None
+
+
+def _option_names(run: Any) -> set[str]:
+    params = inspect.signature(run).parameters.values()
+    return {p.name for p in params
+            if p.kind == p.KEYWORD_ONLY and p.name not in _NOT_OPTIONS}
+
+
+def _defaults(run: Any) -> dict[str, Any]:
+    params = inspect.signature(run).parameters.values()
+    return {p.name: p.default for p in params
+            if p.kind == p.KEYWORD_ONLY and p.default is not p.empty}
+
+
+def _local(location: str) -> Path | None:
+    """The local path of a path or ``file://`` URI; None for another filesystem."""
+    if location.startswith("file:"):
+        return Path(unquote(urlparse(location).path))
+    if "://" in location:
+        return None
+    return Path(location).expanduser()
+
+
+def _check_writable(key: str, location: str, *, local_only: bool = False) -> None:
+    """``location`` is a directory that can be written, or can be created."""
+    path = _local(location)
+    if path is None:
+        if local_only:
+            raise ConfigurationError(f"{key}: must be a local path or file:// URI, got "
+                                     f"{location}")
+        return  # another filesystem: Spark/pyarrow find out
+    path = path.resolve()
+    probe = path
+    while not probe.exists():
+        if probe.is_symlink():
+            raise ConfigurationError(f"{key}: {probe} is a dangling symbolic link")
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "" if probe == path else f" (its parent {probe} is not a directory)"
+        raise ConfigurationError(
+            f"{key}: {location} cannot be a directory: {probe} is a file{where}"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigurationError(f"{key}: {probe} is not writable (for {location})")
