@@ -104,6 +104,15 @@ BAD_SETS = [
     ("nonsense=1", r"unknown key 'nonsense'"),
     ("training", r"--set expects key=value"),
     ("training.epochs=*x", r"--set training\.epochs: .*aliases"),
+    # the seeds' knobs (issue 14) and the fit's (issue 9)
+    ("training.threshold.decay=1.5", r"training\.threshold\.decay"),
+    ("training.shake_up.factor=0", r"training\.shake_up\.factor"),
+    ("training.prefetch=0", r"training\.prefetch"),
+    ("training.decode_threads=true", r"training\.decode_threads"),
+    ("training.report_score_after_averaging=maybe", r"training\.report_score_after_averaging"),
+    ("training.validation_freq=0", r"training\.validation_freq"),
+    ("training.log_every_steps=-1", r"training\.log_every_steps"),
+    ("training.verbose=3", r"training\.verbose"),
 ]
 
 
@@ -118,7 +127,12 @@ def test_validate_accepts_a_good_config(capsys, tmp_path: Path) -> None:
     import json
 
     conf = _conf(tmp_path)
-    rc, out, err = _run(capsys, ["validate", "--conf", str(conf)])
+    knobs = ["training.threshold.decay=0.9", "training.shake_up.factor=0.333",
+             "training.shake_up.frequency=50", "training.prefetch=8", "training.decode_threads=3",
+             "training.report_score_after_averaging=true", "training.validation=none",
+             "training.validation_freq=2", "training.log_every_steps=10", "training.verbose=2"]
+    rc, out, err = _run(capsys, ["validate", "--conf", str(conf),
+                                 *[arg for knob in knobs for arg in ("--set", knob)]])
     assert rc == 0, err
     result = json.loads(out)
     assert result["valid"] is True and result["pipeline"] == "digits"
