@@ -120,7 +120,7 @@ def _lenet() -> Any:
     keras.utils.set_random_seed(1)
     model = lenet((28, 28, 1), 10)
     model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                  loss="sparse_categorical_crossentropy")
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
 
