@@ -82,6 +82,7 @@ def test_pipeline_job_default_conf(tmp_path):
     assert (data / "train" / "_sparkdl.json").is_file()
 
 
+@pytest.mark.slow  # four spark-submit JVMs in a row: about 3 minutes
 def test_stage_jobs_one_at_a_time_with_spark_submit(tmp_path):
     out, data = tmp_path / "out", tmp_path / "data"
     common = ["--conf", CONF, "--set", f"data.dir={data}", "--set", f"output.dir={out}",

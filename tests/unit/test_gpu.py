@@ -90,10 +90,10 @@ def test_round_robin_assignment():
 
 def test_parallel_wrapper_devices(monkeypatch):
     wrapper = ParallelWrapper(object(), object(), gpus_per_worker=1, devices=["4", "6"])
-    assert [wrapper._worker_gpus(r) for r in range(3)] == [["4"], ["6"], ["4"]]
-    assert ParallelWrapper(object(), object())._worker_gpus(0) is None
+    assert [wrapper.worker_gpus(r) for r in range(3)] == [["4"], ["6"], ["4"]]
+    assert ParallelWrapper(object(), object()).worker_gpus(0) is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
-    assert ParallelWrapper(object(), object(), gpus_per_worker=2)._worker_gpus(1) == ["2", "5"]
+    assert ParallelWrapper(object(), object(), gpus_per_worker=2).worker_gpus(1) == ["2", "5"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     with pytest.raises(ConfigurationError, match="gpus_per_worker=1 needs devices"):
         ParallelWrapper(object(), object(), gpus_per_worker=1)
