@@ -271,7 +271,7 @@ class _SparkLauncher:
             # one-partition shuffle: a lost worker then retries the stage, which resumes
             # from the latest checkpoint.
             rdd = sc.parallelize(range(num_workers), num_workers).barrier()
-            return (
+            results = (
                 rdd.mapPartitions(
                     lambda _: _train_task(spec_broadcast, cluster, secret, attempts.uri)
                 )
@@ -280,6 +280,10 @@ class _SparkLauncher:
                 .values()
                 .collect()
             )
+            failures = attempts.read()
+            if failures:  # Spark's own task-failure logs are off in jobs: say why it retried
+                log.warning("the training stage was retried after: %s", "; ".join(failures))
+            return results
         except Exception as exc:
             failures = attempts.read()
             detail = "; ".join(failures) if failures else _root_cause(exc)
