@@ -88,3 +88,13 @@ def test_malformed_override():
 def test_missing_file():
     with pytest.raises(ConfigurationError, match="does not exist"):
         load_config("no/such/conf.yaml")
+
+
+def test_yaml_floats_without_a_dot_are_numbers(tmp_path):
+    """PyYAML reads ``1e-3`` as a string; a configuration reads it as the number users mean."""
+    conf = tmp_path / "job.yaml"
+    conf.write_text("model:\n  optimizer:\n    learning_rate: 2e-3\ntraining:\n  threshold:\n"
+                    "    initial: 1E-4\n")
+    config = load_config(conf, ["cluster.timeout_s=1e2"])
+    assert config.model.optimizer.learning_rate == 0.002
+    assert config.training.threshold.initial == 1e-4 and config.cluster.timeout_s == 100.0
