@@ -1,128 +1,221 @@
-"""Command line for the job stages: ``sparkdl STAGE --conf FILE [--set key=value ...]``.
+"""The ``sparkdl`` command: one argparse subcommand per job stage and tool.
 
-``sparkdl report RUN_DIR`` (re)writes ``RUN_DIR/report.html`` from its ``metrics.json`` and
-``evaluation.json``.
-
-``sparkdl validate --conf FILE [--set key=value ...] [--stage STAGE]`` checks a configuration
-without Spark (the same :func:`~sparkdl.preflight.preflight` every stage runs before Spark
-starts) and prints ``{"valid": true, ...}``; a bad one exits 2 with the message on stderr.
-
-``sparkdl samples [DIR]`` writes the sample inputs of ``conf/mnist.yaml``, ``conf/csv.yaml``
-and ``conf/images.yaml`` (default ``data/``, where those confs look).
+``sparkdl COMMAND --help`` lists that command's own options; an option a command does not take
+(``sparkdl etl --resume``) is refused with exit status 2. Every command that produces a result
+prints it as one JSON object, the last line of stdout (``--json-out PATH`` also writes it to a
+file, atomically); tables and logs go to stderr.
 
 ``jobs/etl.py``, ``jobs/train.py``, ``jobs/evaluate.py``, ``jobs/predict.py`` and
-``jobs/pipeline.py`` are this command with the stage fixed, for ``spark-submit``.
+``jobs/pipeline.py`` are this command with the stage fixed, for ``spark-submit``;
+``jobs/benchmark.py`` is ``sparkdl benchmark``. ``python -m sparkdl`` is ``sparkdl``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sparkdl import __version__
+from sparkdl.confs import lookup_help, resolve_conf
 from sparkdl.errors import SparkDLError
 from sparkdl.job_output import check_json_out, emit_result, fail
 from sparkdl.logs import LEVELS, configure_logging, quiet_tensorflow
 
-STAGES = ("etl", "train", "evaluate", "predict", "pipeline")
+STAGES = {
+    "etl": "run the conf's data.pipeline on Spark and write train/test shards to data.dir",
+    "train": "train on data.dir/train; write output.dir/model.keras and metrics.json",
+    "evaluate": "evaluate output.dir/model.keras on data.dir/test; add test_accuracy to "
+                "metrics.json",
+    "predict": "write predictions for data.dir/test to output.dir/predictions (Parquet)",
+    "pipeline": "etl, train and evaluate in one go; also writes report.html",
+}
+RESUMABLE = ("train", "pipeline")
+TOOLS = {
+    "samples": "write the sample inputs of the mnist, csv and images confs (no Spark)",
+    "benchmark": "run a benchmark suite: sparkdl benchmark SUITE [--json PATH] [--quick]",
+    "report": "(re)write RUN_DIR/report.html from its metrics.json and evaluation.json",
+    "validate": "check a configuration without starting Spark",
+}
 
 
-def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sparkdl`` parser: ``--version`` and one subparser per command."""
     parser = argparse.ArgumentParser(
-        prog=f"sparkdl {stage}" if stage else "sparkdl",
-        description="Run a sparkdl job stage on Spark.",
+        prog="sparkdl",
+        description="Distributed TensorFlow/Keras training on Apache Spark. Each command "
+                    "prints its result as one JSON object, the last line of stdout.",
+        epilog=lookup_help(),
     )
-    if stage is None:
-        parser.add_argument("stage", choices=STAGES, help="the stage to run (or: samples [DIR], "
-                            "report RUN_DIR, validate --conf FILE)")
-    parser.add_argument("--conf", required=True, help="YAML job configuration (conf/*.yaml)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for stage, summary in STAGES.items():
+        add_stage_arguments(_command(commands, stage, summary), stage)
+    add_samples_arguments(_command(commands, "samples", TOOLS["samples"], False))
+    # forwarded to sparkdl.benchmarks.cli before parsing; listed here for --help
+    commands.add_parser("benchmark", help=TOOLS["benchmark"], add_help=False)
+    add_report_arguments(_command(commands, "report", TOOLS["report"], False))
+    add_validate_arguments(_command(commands, "validate", TOOLS["validate"]))
+    return parser
+
+
+def stage_parser(stage: str) -> argparse.ArgumentParser:
+    """The parser of one stage alone (``jobs/STAGE.py``): the same options as
+    ``sparkdl STAGE``."""
+    parser = argparse.ArgumentParser(prog=f"sparkdl {stage}", description=STAGES[stage],
+                                     epilog=lookup_help())
+    add_stage_arguments(parser, stage)
+    parser.set_defaults(command=stage)
+    return parser
+
+
+def _command(commands: argparse._SubParsersAction, name: str, summary: str,
+             takes_conf: bool = True) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=summary, description=summary,
+                                 epilog=lookup_help() if takes_conf else None)
+    parser.set_defaults(command_parser=parser)  # to refuse its unknown options in its name
+    return parser
+
+
+def _add_conf_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--conf", required=True, metavar="CONF",
+        help="YAML job configuration: a file, or the name of a conf shipped with sparkdl "
+             "(e.g. digits); lookup order below",
+    )
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a configuration key, e.g. --set training.mode=averaging (repeatable)",
     )
-    if stage in (None, "train", "pipeline"):
+
+
+def _add_json_out(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json-out", metavar="PATH",
+        help="also write the result (the JSON last line of stdout) to PATH, atomically",
+    )
+
+
+def add_stage_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
+    """Options of a job stage; ``--resume`` only for the stages that train."""
+    _add_conf_arguments(parser)
+    if stage in RESUMABLE:
         parser.add_argument(
             "--resume", action="store_true",
             help="continue from the latest checkpoint in training.checkpoint_dir",
         )
-    parser.add_argument(
-        "--json-out", metavar="PATH",
-        help="also write the result (the JSON last line of stdout) to PATH, atomically",
-    )
+    _add_json_out(parser)
     parser.add_argument(
         "--log-level", default="INFO", type=str.upper, choices=LEVELS,
         help="level of sparkdl's own log (default INFO)",
     )
-    return parser
 
 
-def samples_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="sparkdl samples",
-        description="Write sample inputs for conf/mnist.yaml, conf/csv.yaml and "
-                    "conf/images.yaml, made from scikit-learn's digits and iris.",
-    )
+def add_samples_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", nargs="?", default="data",
                         help="where to write them (default: data, where the confs look)")
-    parser.add_argument(
-        "--json-out", metavar="PATH",
-        help="also write the result (the JSON last line of stdout) to PATH, atomically",
-    )
-    args = parser.parse_args(argv)
+    _add_json_out(parser)
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a run's output.dir (holds metrics.json)")
+    _add_json_out(parser)
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_conf_arguments(parser)
+    parser.add_argument("--stage", choices=tuple(STAGES), default="pipeline",
+                        help="check what this stage needs (default: pipeline, i.e. all)")
+    _add_json_out(parser)
+
+
+def load_job_config(conf: str, overrides: Sequence[str]):  # -> sparkdl.config.JobConfig
+    """The one place ``--conf`` and ``--set`` become a validated configuration."""
+    from sparkdl.config import load_config
+
+    return load_config(resolve_conf(conf), overrides)
+
+
+def run_stage(args: argparse.Namespace) -> int:
+    """Run one stage on Spark: preflight (no Spark), start Spark, run, stop Spark."""
+    stage = args.command
+    configure_logging(args.log_level)
+    quiet_tensorflow()
+    from sparkdl import stages
+    from sparkdl.data.spark_errors import quiet_task_failures
+    from sparkdl.preflight import preflight
+    from sparkdl.session import get_spark
+
+    spark = None
+    try:
+        check_json_out(args.json_out)
+        config = load_job_config(args.conf, args.overrides)
+        preflight(config, stage)  # everything checkable without Spark, before Spark starts
+        spark = get_spark(config.cluster)
+        quiet_task_failures(spark)  # a bad record is one line, not a JVM stack trace
+        run = getattr(stages, f"run_{stage}")
+        resume = {"resume": True} if getattr(args, "resume", False) else {}
+        result = run(config, spark, **resume)
+    except SparkDLError as exc:
+        return fail(stage, str(exc))
+    finally:
+        if spark is not None:
+            spark.stop()  # a job owns its session; stopping it lets executors exit cleanly
+    emit_result(result, args.json_out)  # one JSON object, the last line
+    return 0
+
+
+def run_samples(args: argparse.Namespace) -> int:
+    """Write the sample inputs (made from scikit-learn's digits and iris)."""
     from sparkdl.etl.samples import write_samples
 
     try:
         check_json_out(args.json_out)
-    except SparkDLError as exc:
-        return fail("samples", str(exc))
-    root = Path(args.dir)
-    if root.exists() and not root.is_dir():
-        print(f"sparkdl samples: error: {args.dir} exists and is not a directory",
-              file=sys.stderr, flush=True)
-        return 2
-    try:
+        if Path(args.dir).exists() and not Path(args.dir).is_dir():
+            return fail("samples", f"{args.dir} exists and is not a directory")
         written = write_samples(args.dir)
     except (SparkDLError, OSError) as exc:
-        print(f"sparkdl samples: error: {_describe(exc)}", file=sys.stderr, flush=True)
-        return 2
+        return fail("samples", _describe(exc))
     emit_result(written, args.json_out)
     return 0
 
 
-def validate_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="sparkdl validate",
-        description="Check a job configuration without starting Spark: keys and types, "
-                    "pipeline and options, model, optimizer, addresses, output directories.",
-    )
-    parser.add_argument("--conf", required=True, help="YAML job configuration (conf/*.yaml)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a configuration key (repeatable)",
-    )
-    parser.add_argument("--stage", choices=STAGES, default="pipeline",
-                        help="check what this stage needs (default: pipeline, i.e. all)")
-    parser.add_argument(
-        "--json-out", metavar="PATH",
-        help="also write the result (the JSON last line of stdout) to PATH, atomically",
-    )
-    args = parser.parse_args(argv)
+def run_report(args: argparse.Namespace) -> int:
+    """Write RUN_DIR/report.html."""
+    from sparkdl.report import write_report
+
+    try:
+        check_json_out(args.json_out)
+        path = write_report(args.run_dir)
+    except SparkDLError as exc:
+        return fail("report", str(exc))
+    emit_result({"report": str(path)}, args.json_out)
+    return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    """Check a configuration the way every stage does before Spark starts."""
     quiet_tensorflow()
-    from sparkdl.config import load_config
     from sparkdl.preflight import preflight
 
     try:
         check_json_out(args.json_out)
-        config = load_config(args.conf, args.overrides)
+        config = load_job_config(args.conf, args.overrides)
         preflight(config, args.stage)
     except SparkDLError as exc:
-        print(f"sparkdl validate: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return fail("validate", str(exc))
     emit_result({"valid": True, "conf": args.conf, "stage": args.stage,
                  "pipeline": config.data.pipeline, "model": config.model.name,
                  "data_dir": config.data.dir, "output_dir": config.output.dir}, args.json_out)
     return 0
+
+
+def run_benchmark(argv: Sequence[str]) -> int:
+    """``sparkdl benchmark ...`` is ``jobs/benchmark.py ...``."""
+    from sparkdl.benchmarks.cli import main as benchmark_main
+
+    return benchmark_main(argv)
 
 
 def _describe(exc: BaseException) -> str:
@@ -131,65 +224,27 @@ def _describe(exc: BaseException) -> str:
     return str(exc)
 
 
-def report_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="sparkdl report",
-        description="Write RUN_DIR/report.html: plots of a run's history and evaluation.",
-    )
-    parser.add_argument("run_dir", help="a run's output.dir (holds metrics.json)")
-    parser.add_argument(
-        "--json-out", metavar="PATH",
-        help="also write the result (the JSON last line of stdout) to PATH, atomically",
-    )
-    args = parser.parse_args(argv)
-    from sparkdl.report import write_report
-
-    try:
-        check_json_out(args.json_out)
-        path = write_report(args.run_dir)
-    except SparkDLError as exc:
-        print(f"sparkdl report: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    emit_result({"report": str(path)}, args.json_out)
-    return 0
+RUNNERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    **dict.fromkeys(STAGES, run_stage),
+    "samples": run_samples,
+    "report": run_report,
+    "validate": run_validate,
+}
 
 
 def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
+    """Run ``sparkdl ARGV`` (or, with ``stage``, ``jobs/STAGE.py ARGV``); return the exit
+    status (2: refused, with one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if stage is None and argv[:1] == ["samples"]:
-        return samples_main(argv[1:])
-    if stage is None and argv[:1] == ["report"]:
-        return report_main(argv[1:])
-    if stage is None and argv[:1] == ["validate"]:
-        return validate_main(argv[1:])
-    args = build_parser(stage).parse_args(argv)
-    stage = stage or args.stage
-    configure_logging(args.log_level)
-    quiet_tensorflow()
-    from sparkdl import stages
-    from sparkdl.config import load_config
-    from sparkdl.data.spark_errors import quiet_task_failures
-    from sparkdl.preflight import preflight
-    from sparkdl.session import get_spark
-
-    spark = None
-    try:
-        check_json_out(args.json_out)
-        config = load_config(args.conf, args.overrides)
-        preflight(config, stage)  # everything checkable without Spark, before Spark starts
-        spark = get_spark(config.cluster)
-        quiet_task_failures(spark)  # a bad record is one line, not a JVM stack trace
-        run = getattr(stages, f"run_{stage}")
-        resume = stage in ("train", "pipeline") and getattr(args, "resume", False)
-        result = run(config, spark, resume=True) if resume else run(config, spark)
-    except SparkDLError as exc:
-        print(f"sparkdl {stage}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        if spark is not None:
-            spark.stop()  # a job owns its session; stopping it lets executors exit cleanly
-    emit_result(result, args.json_out)  # one JSON object, the last line
-    return 0
+    if stage is not None:
+        args = stage_parser(stage).parse_args(argv)
+    elif argv[:1] == ["benchmark"]:
+        return run_benchmark(argv[1:])
+    else:
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:  # "sparkdl etl: error: unrecognized arguments: --resume", exit 2
+            args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return RUNNERS[args.command](args)
 
 
 if __name__ == "__main__":
