@@ -43,7 +43,8 @@ def test_pipeline_job_default_conf(tmp_path):
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     proc = subprocess.Popen(
         [sys.executable, "jobs/pipeline.py", "--conf", CONF,
-         "--set", f"data.dir={data}", "--set", f"output.dir={out}"],
+         "--set", f"data.dir={data}", "--set", f"output.dir={out}",
+         "--json-out", str(tmp_path / "result.json")],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     stderr_lines: list[str] = []
@@ -68,6 +69,7 @@ def test_pipeline_job_default_conf(tmp_path):
     assert len(banner) <= 2, banner
     result = json.loads(arrivals[-1][1])  # one JSON object, the last line
     assert result["model"] == str(out / "model.keras")
+    assert json.loads((tmp_path / "result.json").read_text()) == result  # --json-out
     header = (out / "history.csv").read_text().splitlines()[0].split(",")
     assert header[:3] == ["epoch", "loss", "accuracy"] and "val_loss" in header
     report = (out / "report.html").read_text()
@@ -88,9 +90,11 @@ def test_stage_jobs_one_at_a_time_with_spark_submit(tmp_path):
     common = ["--conf", CONF, "--set", f"data.dir={data}", "--set", f"output.dir={out}",
               "--set", "training.mode=averaging"]
     for stage in ("etl", "train", "evaluate", "predict"):
-        proc = run([spark_submit(), "--master", "local[2]", f"jobs/{stage}.py", *common],
-                   tmp_path)
+        result = tmp_path / f"{stage}.json"
+        proc = run([spark_submit(), "--master", "local[2]", f"jobs/{stage}.py", *common,
+                    "--json-out", str(result)], tmp_path)
         assert proc.returncode == 0, f"{stage}: {proc.stderr[-3000:]}"
+        assert json.loads(result.read_text()) == json.loads(proc.stdout.splitlines()[-1])
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["mode"] == "averaging"
     assert metrics["test_accuracy"] >= 0.95
