@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _cli_harness import run_cli as _run
 
 from sparkdl.data.writer import check_replaceable
 from sparkdl.errors import DataError
@@ -48,17 +49,6 @@ def _conf(tmp_path: Path, text: str = "", name: str = "job.yaml") -> Path:
     conf = tmp_path / name
     conf.write_text(f"data:\n  dir: {data}\noutput:\n  dir: {out}\n{text}")
     return conf
-
-
-def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
-    from sparkdl.cli import main
-
-    try:
-        rc = main(argv)
-    except SystemExit as exc:  # argparse
-        rc = exc.code
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
 
 
 def _refused(capsys, argv: list[str], message: str) -> str:

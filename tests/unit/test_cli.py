@@ -10,24 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli_harness import run_cli as _run
 
 import sparkdl
-from sparkdl.cli import build_parser, main
+from sparkdl.cli import build_parser
 from sparkdl.confs import PACKAGED_DIR, packaged_confs, resolve_conf
 from sparkdl.errors import ConfigurationError
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ["etl", "train", "evaluate", "predict", "pipeline", "samples", "benchmark", "report",
             "validate"]
-
-
-def _run(capsys, argv: list[str], stage: str | None = None) -> tuple[int, str, str]:
-    try:
-        rc = main(argv, stage=stage)
-    except SystemExit as exc:  # argparse: --help, --version, refused options
-        rc = exc.code
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
 
 
 def test_top_level_help_lists_every_command(capsys):

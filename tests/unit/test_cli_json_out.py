@@ -6,20 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from _cli_harness import run_cli as _run
 from _run_dir import write_run_dir
 
-from sparkdl.cli import main
-
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
-    try:
-        rc = main(argv)
-    except SystemExit as exc:  # argparse
-        rc = exc.code
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
 
 
 def _conf(tmp_path: Path) -> Path:
