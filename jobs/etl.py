@@ -1,6 +1,8 @@
 """spark-submit entry point for the etl stage.
 
-Usage: spark-submit jobs/etl.py --conf conf/digits.yaml [--set key=value ...]
+Usage: spark-submit jobs/etl.py --conf conf/digits.yaml [--set key=value ...] [--json-out PATH]
+
+The same options as ``sparkdl etl`` (see ``--help``).
 """
 
 import sys

@@ -1,6 +1,8 @@
 """spark-submit entry point for the evaluate stage.
 
-Usage: spark-submit jobs/evaluate.py --conf conf/digits.yaml [--set key=value ...]
+Usage: spark-submit jobs/evaluate.py --conf conf/digits.yaml [--set key=value ...] [--json-out PATH]
+
+The same options as ``sparkdl evaluate`` (see ``--help``).
 """
 
 import sys

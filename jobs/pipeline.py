@@ -1,6 +1,8 @@
 """spark-submit entry point for the pipeline stage.
 
-Usage: spark-submit jobs/pipeline.py --conf conf/digits.yaml [--set key=value ...]
+Usage: spark-submit jobs/pipeline.py --conf conf/digits.yaml [--set key=value ...] [--json-out PATH]
+
+The same options as ``sparkdl pipeline`` (see ``--help``).
 """
 
 import sys

@@ -1,6 +1,8 @@
 """spark-submit entry point for the predict stage.
 
-Usage: spark-submit jobs/predict.py --conf conf/digits.yaml [--set key=value ...]
+Usage: spark-submit jobs/predict.py --conf conf/digits.yaml [--set key=value ...] [--json-out PATH]
+
+The same options as ``sparkdl predict`` (see ``--help``).
 """
 
 import sys

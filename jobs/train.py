@@ -1,6 +1,8 @@
 """spark-submit entry point for the train stage.
 
-Usage: spark-submit jobs/train.py --conf conf/digits.yaml [--set key=value ...]
+Usage: spark-submit jobs/train.py --conf conf/digits.yaml [--set key=value ...] [--json-out PATH]
+
+The same options as ``sparkdl train`` (see ``--help``).
 """
 
 import sys
