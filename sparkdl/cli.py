@@ -16,12 +16,16 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkdl import __version__
 from sparkdl.confs import lookup_help, resolve_conf
 from sparkdl.errors import SparkDLError
 from sparkdl.job_output import check_json_out, emit_result, fail
 from sparkdl.logs import LEVELS, configure_logging, quiet_tensorflow
+
+if TYPE_CHECKING:
+    from sparkdl.config import JobConfig
 
 STAGES = {
     "etl": "run the conf's data.pipeline on Spark and write train/test shards to data.dir",
@@ -130,7 +134,7 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     _add_json_out(parser)
 
 
-def load_job_config(conf: str, overrides: Sequence[str]):  # -> sparkdl.config.JobConfig
+def load_job_config(conf: str, overrides: Sequence[str]) -> JobConfig:
     """The one place ``--conf`` and ``--set`` become a validated configuration."""
     from sparkdl.config import load_config
 
