@@ -54,6 +54,13 @@ class ClusterConfig(_Section):
         "the per-job secret) that is verified before use; 'none': frames are authenticated "
         "only by each connection's handshake.",
     )
+    topology: Literal["auto", "flat", "hierarchical"] = Field(
+        default="auto",
+        description="'hierarchical': ranks on one host combine their messages and one leader "
+        "per host talks to the other hosts (one message per host per step); 'flat': one ring "
+        "of all ranks; 'auto': hierarchical when there are several hosts and one of them runs "
+        "two ranks or more (tcp transport only; 'spark' is always flat)",
+    )
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("spark_conf", mode="before")

@@ -55,8 +55,10 @@ def _sharing(overlap: bool, world: int = 2) -> SharedTrainingMaster:
     )
 
 
-def _on_ranks(world: int, fn: Callable[[int, Any], Any]) -> list[Any]:
-    """Run ``fn(rank, comm)`` on ``world`` threads joined by a real TCP ring."""
+def _on_ranks(world: int, fn: Callable[[int, Any, Any], Any], hosts: list[str] | None = None,
+              topology: str = "flat") -> list[Any]:
+    """Run ``fn(rank, comm, model)`` on ``world`` threads joined by real TCP rings (one
+    ring, or per-host rings plus the leaders' when ``hosts`` fakes several hosts)."""
     models = [_model() for _ in range(world)]  # built on this thread (Keras naming state)
     results: list[Any] = [None] * world
     errors: list[BaseException] = []
@@ -66,7 +68,8 @@ def _on_ranks(world: int, fn: Callable[[int, Any], Any]) -> list[Any]:
                 exchange = store_exchange(server.address, rank, world, secret=SECRET,
                                           timeout_s=30)
                 comm = create_communicator("tcp", rank, world, exchange, secret=SECRET,
-                                           timeout_s=30)
+                                           timeout_s=30, topology=topology,
+                                           host_id=hosts[rank] if hosts else None)
                 try:
                     results[rank] = fn(rank, comm, models[rank])
                 finally:
@@ -85,7 +88,8 @@ def _on_ranks(world: int, fn: Callable[[int, Any], Any]) -> list[Any]:
     return results
 
 
-def _train(master, epochs: int = 2, callbacks=(), start_epoch: int = 0, restore=None):
+def _train(master, epochs: int = 2, callbacks=(), start_epoch: int = 0, restore=None,
+           **topology):
     def fn(rank, comm, model):
         exchange = master.create_exchange(model, comm, job_id=9)
         if restore is not None:
@@ -97,7 +101,7 @@ def _train(master, epochs: int = 2, callbacks=(), start_epoch: int = 0, restore=
                  callbacks=[c(rank) for c in callbacks])
         return [w.copy() for w in model.get_weights()], exchange
 
-    return _on_ranks(master.num_workers, fn)
+    return _on_ranks(master.num_workers, fn, **topology)
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -200,3 +204,13 @@ def test_overlap_is_refused_for_averaging_and_round_trips_elsewhere():
                    DenseTrainingMaster(8, 2, overlap=True)):
         again = master_from_config(master.get_config())
         assert again.overlap is True and again.get_config() == master.get_config()
+
+
+def test_sharing_over_the_per_host_accumulator_equals_the_flat_ring(overlap=True):
+    """Two fake hosts (ranks 0, 1 on one; 2 on the other): the host bundles decode to the
+    same sum in the same order, so the weights are those of the flat ring, bit for bit."""
+    flat = _train(_sharing(overlap, world=3), epochs=1)
+    tree = _train(_sharing(overlap, world=3), epochs=1, hosts=["a", "a", "b"], topology="auto")
+    assert type(tree[0][1].comm).__name__ == "HierarchicalCommunicator"
+    for (a, _), (b, _) in zip(flat, tree):
+        assert _same(a, b) and _same(a, flat[0][0])
