@@ -18,6 +18,7 @@ SUITES = {
     "reader": "sparkdl.benchmarks.reader",
     "etl": "sparkdl.benchmarks.etl",
     "scaling": "sparkdl.benchmarks.scaling",
+    "overlap": "sparkdl.benchmarks.overlap",
 }
 
 
