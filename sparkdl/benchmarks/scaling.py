@@ -359,6 +359,7 @@ def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
     the rate at each epoch end, while every rank waits for the driver's answer."""
     import keras
 
+    from sparkdl.config import ClusterConfig
     from sparkdl.spark_model import SparkModel
 
     class RateSchedule(keras.callbacks.Callback):
@@ -368,7 +369,9 @@ def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
 
     cluster.set_rate(schedule[0])
     workers = workers_per_host * HOSTS
-    fit = SparkModel(spark, _model(), _master(mode, workers)).fit(
+    # one flat ring of all ranks (the model's k); the per-host accumulator is another topology
+    cluster_config = ClusterConfig(topology="flat")
+    fit = SparkModel(spark, _model(), _master(mode, workers), cluster=cluster_config).fit(
         uri, epochs=len(schedule), verbose=0, log_every_steps=10**6,
         callbacks=[RateSchedule()])
     steps = fit.metrics["steps_per_epoch"]
