@@ -12,29 +12,37 @@ and rates, and each figure is the median over repeats.
 
 Performance model (all parameters measured in the same run, none fitted to the cells)::
 
-    step = C(w) + E·s + D·N·s + wire + hops · L                      (synchronous)
-    step = E·s + D·N·s + max(C(w), wire + hops · L)                  (overlap)
-    wire = max over hosts h and directions of  k_h · B / R
+    step = C_m(w) + (N-1)·D·s + wire + hops·L                       (synchronous)
+    step = max(C_m(w) + (N-1)·D·s, wire + hops·L)                   (overlap)
+    C_m(w) = C(w) · T_m / T_0
+    wire = k · B / R
 
-* ``C(w)``: compute-only step time with ``w`` workers on this machine's cores, measured by
-  a fit of the same model with communication off (parameter averaging that never averages
+* ``C(w)``: compute-only step time with ``w`` workers per host, measured on the cluster by a
+  fit of the same model with communication off (parameter averaging that never averages
   inside the measured epochs): forward, backward, optimizer, input pipeline, loop overhead,
-  and the CPU sharing of ``w`` workers on the available cores.
-* ``E``, ``D``: threshold encode and decode time of one update of this model's size at the
-  measured sparsity, from the encoding benchmark's code (:mod:`sparkdl.benchmarks.encoding`),
-  in this process on one core; ``s = max(1, workers / cores)`` is the CPU-sharing factor (all
-  workers encode at once); every worker decodes all ``N`` messages.
-* ``B``: bytes one worker sends per step (counters of the cell's own fit: dense ring
+  and the CPU sharing of the workers on the machine's cores.
+* ``T_m / T_0``: how much CPU work mode ``m``'s exchange does per step next to the plain
+  train step, measured in this process with a one-rank communicator (no communication, one
+  TensorFlow thread, alternated): for sharing the update computed apart from the optimizer's
+  fused step, threshold selection, encoding one message, decoding it and applying the sum;
+  for dense the gradient and a separate apply. ``C_m(w)`` is then the mode's CPU work at
+  ``w`` workers per host.
+* ``D``: threshold decode of one message of this model's size at the target sparsity, from
+  the encoding benchmark's code (:mod:`sparkdl.benchmarks.encoding`; it also reports the
+  encode time ``E``, part of ``T_m``); every worker decodes the ``N-1`` other messages too;
+  ``s = max(1, N / cores)`` is the CPU-sharing factor.
+* ``B``: bytes one worker sends per step (counters of the cell's own epochs: dense ring
   allreduce ``2(N-1)/N · 4P``; sharing's ring allgather ``(N-1) ·`` message; averaging's
   allreduce of parameters and optimizer state every ``f`` steps).
-* ``k_h``: ring edges that leave (or enter) host ``h``: every rank sends to rank ``r + 1``, and
-  only edges between hosts use a rate-limited link; ranks on one host share their host's link.
-  The placement of ranks on hosts comes from the fit's executor addresses.
+* ``k``: ring edges ``r -> r+1`` that leave (or enter) the busiest host: only edges between
+  hosts use a rate-limited link; ranks on one host share their host's link. The placement of
+  ranks on hosts comes from the fit's executor addresses. Topology: one flat ring.
 * ``R``: the link's goodput, measured in the run by a TCP transfer between two hosts
   (``NetCluster.transfer_seconds``) at each rate: it includes TCP/IP framing and, for the
   unlimited link, the kernel's copy cost.
 * ``hops · L``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
-  allgather, ``2(N-1)/f`` for averaging) times the measured one-way latency between hosts.
+  allgather, ``2(N-1)/f`` for averaging) times the one-way latency between hosts (half the
+  median round trip of a ping-pong).
 
 The machine's cores are shared: with 2 hosts × 2 workers on 2 cores every worker gets half a
 core, which ``C(w)`` (measured at ``w``) and ``s`` account for. TensorFlow runs one thread per
@@ -133,11 +141,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         links = {_rate_name(r): _measure_link(cluster, r) for r in rates}
         _print_links(links)
         codec = _measure_codec()
+        overlap = overlap_supported()
+        modes = MODES if overlap else tuple(m for m in MODES if m != "sharing_overlap")
+        cpu = _measure_exchange_cpu(("compute", *modes))
         cells: dict[str, Cell] = {}
         compute: dict[int, list[float]] = {}
         uri = None
         probes: dict[int, list[dict[str, Any]]] = {}
-        overlap = overlap_supported()
         schedule = rate_schedule(rates, repeats)
         for wph in per_host:
             with _session(cluster, wph) as spark:
@@ -172,8 +182,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
     for cell in cells.values():
         if not cell.missing:
-            predict(cell, compute_s[cell.workers_per_host], codec, links[_rate_name(cell.rate)])
+            predict(cell, compute_s[cell.workers_per_host] * cpu[cell.mode] / cpu["compute"],
+                    codec, links[_rate_name(cell.rate)])
     figures = _figures(cells, compute_s, codec, links, repeats, schedule)
+    figures["exchange_cpu_s"] = cpu
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
                    ring_links={f"{w}x{HOSTS}": p for w, p in probes.items()},
@@ -245,6 +257,40 @@ def _measure_codec() -> dict[str, float]:
     result = encoding.run({"sizes": [params], "sparsities": [SPARSITY], "repeats": 7})
     by_op = {case["op"]: case["seconds"] for case in result["cases"]}
     return {"encode_s": by_op["encode"], "decode_s": by_op["decode"], "parameters": params}
+
+
+def _measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15) -> dict[str, float]:
+    """Seconds per step of each mode's exchange in this process with a one-rank communicator
+    (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated."""
+    import secrets
+
+    from sparkdl.benchmarks.report import alternate
+    from sparkdl.comm import create_communicator
+    from sparkdl.training.worker import configure_tensorflow
+
+    configure_tensorflow(1)
+    comm = create_communicator("tcp", 0, 1, lambda message: [message],
+                               secret=secrets.token_bytes(32), timeout_s=60.0,
+                               default_host="127.0.0.1")
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 1, (BATCH, INPUT_DIM)).astype(np.float32)
+    y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
+    counter = iter(range(10**9))
+    exchanges = {mode: _master(mode, 1).create_exchange(_model(), comm, job_id=1)
+                 for mode in modes}
+    try:
+        for exchange in exchanges.values():
+            exchange.metrics.build(x, y)
+        seconds = alternate(
+            {mode: (lambda e=e: e.step(x, y, next(counter))) for mode, e in exchanges.items()},
+            repeats=repeats, warmup=3)
+        for exchange in exchanges.values():
+            exchange.finish()
+    finally:
+        comm.close()
+    print_table("one step's CPU work per mode, one process, no communication (ms, median)",
+                ["mode", "ms"], [(mode, t * 1e3) for mode, t in seconds.items()])
+    return seconds
 
 
 def num_parameters() -> int:
@@ -466,21 +512,23 @@ def hops_per_step(mode: str, num_workers: int) -> float:
 
 def predict(cell: Cell, compute_s: float, codec: dict[str, float],
             link: dict[str, float]) -> None:
-    """Fill ``cell.predicted_s`` and the model's terms (see the module docstring)."""
+    """Fill ``cell.predicted_s`` and the model's terms (see the module docstring).
+
+    ``compute_s`` is ``C_m(w)``: the cell's mode's CPU work per step (one rank's encode and
+    decode included) at ``w`` workers per host."""
     workers = cell.workers_per_host * HOSTS
     share = max(1.0, workers / (os.cpu_count() or 1))
     sharing = cell.mode.startswith("sharing")
-    encode = codec["encode_s"] * share if sharing else 0.0
-    decode = codec["decode_s"] * workers * share if sharing else 0.0
+    decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
     bytes_per_step = statistics.median(cell.bytes_per_step)
     wire = ring_crossings(cell.hosts_of_ranks) * bytes_per_step / link["bytes_per_s"]
     latency = hops_per_step(cell.mode, workers) * link["latency_s"]
     if cell.mode == "sharing_overlap":
-        predicted = encode + decode + max(compute_s, wire + latency)
+        predicted = max(compute_s + decode, wire + latency)
     else:
-        predicted = compute_s + encode + decode + wire + latency
-    cell.terms = {"compute_s": compute_s, "encode_s": encode, "decode_s": decode,
-                  "wire_s": wire, "latency_s": latency, "cpu_share": share}
+        predicted = compute_s + decode + wire + latency
+    cell.terms = {"compute_s": compute_s, "decode_others_s": decode, "wire_s": wire,
+                  "latency_s": latency, "cpu_share": share}
     cell.predicted_s = predicted
 
 
@@ -561,8 +609,8 @@ def _print_cells(cells: dict[str, Cell], figures: dict[str, Any]) -> None:
         rows.append((cell.key, cell.measured_s * 1e3, cell.predicted_s * 1e3,
                      (cell.predicted_s - cell.measured_s) / cell.measured_s,
                      f"{statistics.median(cell.bytes_per_step):.0f}",
-                     f"C{t['compute_s'] * 1e3:.0f}+E{t['encode_s'] * 1e3:.0f}"
-                     f"+D{t['decode_s'] * 1e3:.0f}+W{t['wire_s'] * 1e3:.0f}"
+                     f"C{t['compute_s'] * 1e3:.0f}+D{t['decode_others_s'] * 1e3:.1f}"
+                     f"+W{t['wire_s'] * 1e3:.0f}"
                      f"+L{t['latency_s'] * 1e3:.1f}"))
     print_table(f"step time per cell (ms, medians of {figures['repeats']}), model terms in ms",
                 ["cell", "measured", "predicted", "error", "bytes/step", "model"], rows)
