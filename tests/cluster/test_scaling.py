@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkdl.benchmarks.scaling import ring_crossings, shm_between_hosts
+from sparkdl.benchmarks.scaling import (
+    Cell,
+    predict,
+    rate_schedule,
+    ring_crossings,
+    shm_between_hosts,
+)
 from sparkdl.testing.netcluster import NetClusterError, check_privileges
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,3 +76,22 @@ def test_shm_between_hosts_looks_only_at_links_that_leave_a_host():
     assert not shm_between_hosts(same_host)
     across = [{"host": "a", "shm_out": True}, {"host": "b", "shm_out": False}]
     assert shm_between_hosts(across)
+
+
+def test_rate_schedule_warms_up_then_alternates():
+    assert rate_schedule(("100mbit", "1gbit", None), 2) == [
+        "100mbit", "100mbit", "1gbit", None, None, "1gbit", "100mbit"]
+    assert rate_schedule(("100mbit",), 1) == ["100mbit", "100mbit"]
+
+
+def test_predict_adds_wire_time_of_the_busiest_host_link():
+    link = {"bytes_per_s": 1e6, "latency_s": 1e-3}
+    codec = {"decode_s": 0.0, "encode_s": 0.0, "parameters": 1}
+    dense = Cell("100mbit", 2, "dense", step_s=[1.0], bytes_per_step=[2e5],
+                 hosts_of_ranks=["a", "b", "a", "b"])  # every ring edge crosses: k = 2
+    predict(dense, 0.05, codec, link)
+    assert dense.predicted_s == pytest.approx(0.05 + 2 * 2e5 / 1e6 + 6 * 1e-3)
+    overlap = Cell("100mbit", 1, "sharing_overlap", step_s=[1.0], bytes_per_step=[1e4],
+                   hosts_of_ranks=["a", "b"])
+    predict(overlap, 0.05, codec, link)
+    assert overlap.predicted_s == pytest.approx(0.05)  # the wire (11 ms) hides behind compute
