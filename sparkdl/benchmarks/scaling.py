@@ -133,6 +133,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         cluster = NetCluster(HOSTS, CORES_PER_HOST, state_dir=workdir / "cluster", name="sdlb",
                              subnet="10.77.5")
         owned = True
+    original_rate = cluster.rate
     started = time.time()
     load_before = os.getloadavg()
     try:
@@ -178,7 +179,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             cluster.down()
         else:
             with contextlib.suppress(Exception):
-                cluster.set_rate(cluster.rate)
+                cluster.set_rate(original_rate)  # as it was before the benchmark
     compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
     for cell in cells.values():
         if not cell.missing:
