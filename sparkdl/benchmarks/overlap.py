@@ -37,6 +37,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         for i, seed in enumerate(seeds):
             for overlap in ((False, True) if i % 2 == 0 else (True, False)):
                 runs[overlap].append(_fit(shards, hidden, seed, overlap, epochs))
+                print(f"MLP {hidden} seed {seed} overlap={overlap}: {runs[overlap][-1]}",
+                      flush=True)
         name = "x".join(map(str, hidden))
         for overlap in (False, True):
             r = runs[overlap]

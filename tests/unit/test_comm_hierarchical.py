@@ -8,6 +8,7 @@ from _comm_harness import SECRET, run_ranks, values
 
 from sparkdl.comm import HierarchicalCommunicator, create_communicator
 from sparkdl.comm.hierarchical import pack_bundle, unpack_bundle, wants_hierarchy
+from sparkdl.config import JobConfig
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 MESSAGE_BYTES = 20_000
@@ -93,6 +94,9 @@ def test_auto_topology_and_uneven_hosts(topology, hosts, kind):
 
 
 def test_wants_hierarchy_and_bad_topology():
+    assert JobConfig().cluster.topology == "auto"
+    with pytest.raises(ValueError, match="topology"):
+        JobConfig(cluster={"topology": "tree"})
     assert wants_hierarchy("auto", ["x", "x", "y"]) and not wants_hierarchy("flat", ["x", "x"])
     with pytest.raises(ConfigurationError, match="topology: expected one of"):
         wants_hierarchy("tree", ["x"])

@@ -25,6 +25,7 @@ from sparkdl.training.masters import (
     ParameterAveragingTrainingMaster,
     SharedTrainingMaster,
     master_from_config,
+    master_from_training_config,
 )
 
 SECRET = b"overlap-test-secret-0123456789ab"
@@ -48,10 +49,10 @@ def _batches(rank: int, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
              rng.integers(0, 3, 8).astype(np.int64)) for _ in range(STEPS)]
 
 
-def _sharing(overlap: bool, world: int = 2) -> SharedTrainingMaster:
+def _sharing(overlap: bool, world: int = 2, encoder: str = "host") -> SharedTrainingMaster:
     return SharedTrainingMaster(
         8, world, threshold=AdaptiveThreshold(initial=1e-3, min_sparsity=0.05, max_sparsity=0.3),
-        encoder="host", overlap=overlap,
+        encoder=encoder, overlap=overlap,
     )
 
 
@@ -108,8 +109,11 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("make", [_sharing, lambda overlap: DenseTrainingMaster(8, 2,
-                                                                               overlap=overlap)])
+@pytest.mark.parametrize("make", [
+    _sharing,
+    lambda overlap: _sharing(overlap, encoder="device"),  # encodes on the background thread
+    lambda overlap: DenseTrainingMaster(8, 2, overlap=overlap),
+], ids=["sharing-host", "sharing-device", "dense"])
 def test_overlap_keeps_replicas_bit_identical_and_stays_close_to_sync(make):
     (w0, _), (w1, _) = _train(make(True))
     assert _same(w0, w1)
@@ -204,6 +208,10 @@ def test_overlap_is_refused_for_averaging_and_round_trips_elsewhere():
                    DenseTrainingMaster(8, 2, overlap=True)):
         again = master_from_config(master.get_config())
         assert again.overlap is True and again.get_config() == master.get_config()
+    for mode in ("sharing", "dense"):
+        training = JobConfig(training={"mode": mode, "overlap": True}).training
+        assert master_from_training_config(training).overlap is True
+    assert master_from_training_config(JobConfig().training).overlap is False
 
 
 def test_sharing_over_the_per_host_accumulator_equals_the_flat_ring(overlap=True):
