@@ -54,6 +54,13 @@ class ClusterConfig(_Section):
         "the per-job secret) that is verified before use; 'none': frames are authenticated "
         "only by each connection's handshake.",
     )
+    topology: Literal["auto", "flat", "hierarchical"] = Field(
+        default="auto",
+        description="'hierarchical': ranks on one host combine their messages and one leader "
+        "per host talks to the other hosts (one message per host per step); 'flat': one ring "
+        "of all ranks; 'auto': hierarchical when there are several hosts and one of them runs "
+        "two ranks or more (tcp transport only; 'spark' is always flat)",
+    )
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("spark_conf", mode="before")
@@ -138,6 +145,11 @@ class TrainingConfig(_Section):
     shake_up: ShakeUpConfig = Field(default_factory=ShakeUpConfig)
     residual_clipping: ClippingConfig = Field(default_factory=ClippingConfig)
     encoder: Literal["auto", "host", "device"] = "auto"
+    overlap: bool = Field(
+        default=False,
+        description="sharing and dense: exchange step t's message while step t+1 computes; "
+        "it is applied before step t+1's update (staleness one step, the same on every rank)",
+    )
     averaging_frequency: int = Field(default=5, ge=1)
     save_updater: bool = True
     report_score_after_averaging: bool = False
@@ -156,6 +168,14 @@ class TrainingConfig(_Section):
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _overlap_mode(self) -> TrainingConfig:
+        if self.overlap and self.mode == "averaging":
+            raise ValueError(
+                "overlap: true applies to mode 'sharing' or 'dense', not 'averaging'"
+            )
+        return self
 
     @field_validator("verbose", mode="before")
     @classmethod

@@ -349,6 +349,8 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
         default_host=host,
         port_range=parse_port_range(cluster["port_range"]),
         wire_integrity=cluster["wire_integrity"],
+        topology=cluster.get("topology", "flat"),
+        host_id=host,
     )
     try:
         result = run_worker(spec, comm, secret=secret)

@@ -17,6 +17,8 @@ SUITES = {
     "training": "sparkdl.benchmarks.training",
     "reader": "sparkdl.benchmarks.reader",
     "etl": "sparkdl.benchmarks.etl",
+    "scaling": "sparkdl.benchmarks.scaling",
+    "overlap": "sparkdl.benchmarks.overlap",
 }
 
 
@@ -25,6 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument("--json", dest="json_path", help="write the figures to this JSON file")
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
+    parser.add_argument("--cluster", metavar="STATE_DIR",
+                        help="scaling: use the running netcluster recorded in STATE_DIR "
+                        "instead of bringing one up")
+    parser.add_argument("--repeats", type=int, help="scaling: alternating repeats per cell")
     args = parser.parse_args(argv)
     try:
         module = import_module(SUITES[args.suite])
@@ -32,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"benchmark suite {args.suite!r} is not available: {exc}", file=sys.stderr)
         return 2
     started = time.time()
-    figures = module.run({"quick": args.quick})
+    options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats}
+    figures = module.run({key: value for key, value in options.items() if value is not None})
     figures = {
         "suite": args.suite,
         "quick": args.quick,

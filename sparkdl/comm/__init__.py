@@ -8,6 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sparkdl.comm.communicator import Communicator, TrafficCounters
+from sparkdl.comm.hierarchical import (
+    TOPOLOGIES,
+    HierarchicalCommunicator,
+    connect_hierarchical,
+    wants_hierarchy,
+)
 from sparkdl.comm.network import local_addresses, parse_port_range, select_bind_address
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.comm.rpc import AllGatherCommunicator
@@ -17,12 +23,15 @@ from sparkdl.errors import ConfigurationError
 TRANSPORTS = ("tcp", "spark")
 
 __all__ = [
+    "TOPOLOGIES",
     "TRANSPORTS",
     "AllGatherCommunicator",
     "Communicator",
+    "HierarchicalCommunicator",
     "TcpRingCommunicator",
     "TcpStoreServer",
     "TrafficCounters",
+    "connect_hierarchical",
     "connect_ring",
     "create_communicator",
     "local_addresses",
@@ -44,24 +53,49 @@ def create_communicator(
     default_host: str | None = None,
     port_range: tuple[int, int] | str | None = None,
     wire_integrity: str = "none",
+    topology: str = "flat",
+    host_id: str | None = None,
 ) -> Communicator:
     """Build the communicator for ``transport``: ``"tcp"`` (direct ring between workers,
     addresses exchanged through ``exchange``) or ``"spark"`` (everything through
     ``exchange``). ``wire_integrity="mac"`` puts a keyed MAC (from ``secret``) on every
     frame or message after the handshake and verifies it before use (``cluster.wire_integrity``).
+
+    ``topology`` (``cluster.topology``, TCP only): ``"flat"`` one ring of all ranks;
+    ``"hierarchical"`` one ring per host plus one of the hosts' leaders
+    (:class:`~sparkdl.comm.hierarchical.HierarchicalCommunicator`); ``"auto"`` hierarchical
+    when there is more than one host and some host runs two ranks or more. A rank's host is
+    ``host_id`` (default: its bind address, e.g. the executor's host address); learning the
+    hosts takes one more round of ``exchange`` unless the topology is flat.
     """
+    if topology not in TOPOLOGIES:
+        raise ConfigurationError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
     if transport == "tcp":
         host = select_bind_address(network_mask, default_host)
         ports = parse_port_range(port_range) if isinstance(port_range, str) else port_range
-        return connect_ring(
-            rank,
-            world_size,
-            exchange,
-            secret=secret,
-            timeout_s=timeout_s,
-            bind_host=host,
-            port_range=ports,
-            wire_integrity=wire_integrity,
+
+        def ring(r: int, size: int, ring_exchange: Callable[[str], list[str]]) -> Communicator:
+            return connect_ring(
+                r,
+                size,
+                ring_exchange,
+                secret=secret,
+                timeout_s=timeout_s,
+                bind_host=host,
+                port_range=ports,
+                wire_integrity=wire_integrity,
+            )
+
+        if topology == "flat" or world_size == 1:
+            return ring(rank, world_size, exchange)
+        hosts = exchange(host_id or host)
+        if not wants_hierarchy(topology, hosts):
+            return ring(rank, world_size, exchange)
+        return connect_hierarchical(rank, world_size, exchange, ring, hosts=hosts)
+    if topology == "hierarchical":
+        raise ConfigurationError(
+            f"topology 'hierarchical' needs transport 'tcp', not {transport!r} (every message "
+            "already goes through Spark's driver)"
         )
     if transport == "spark":
         return AllGatherCommunicator(

@@ -244,6 +244,40 @@ class NetCluster:
         """Start ``argv`` inside host ``host``'s namespaces."""
         return subprocess.Popen(self._enter(host) + list(argv), **kwargs)
 
+    def set_rate(self, rate: str | None) -> None:
+        """Change every host link's ``tc tbf`` limit (both directions) on the running cluster;
+        ``None`` removes the limit. Takes effect at once, without restarting anything."""
+        bits = rate_bits_per_s(rate)
+        for host in self.hosts:
+            for prefix in (["tc"], ["tc", "-n", host.netns]):
+                dev = host.link if len(prefix) == 1 else "eth0"
+                subprocess.run([*prefix, "qdisc", "del", "dev", dev, "root"],
+                               capture_output=True, timeout=30)  # absent when unlimited
+                if bits is not None:
+                    _run([*prefix, "qdisc", "add", "dev", dev, "root", *_tbf(str(rate), bits)])
+        self.rate, self.rate_bits = rate, bits
+        self._save_state()
+
+    @classmethod
+    def attach(cls, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR) -> NetCluster:
+        """The cluster recorded in ``state_dir`` (started by ``up``, e.g. from the CLI)."""
+        state_file = Path(state_dir) / "state.json"
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise NetClusterError(f"no running cluster recorded in {state_file}: {exc}") from None
+        hosts = state["hosts"]
+        first_ip = hosts[0]["ip"]
+        cluster = cls(len(hosts), state.get("cores_per_host", 2), state.get("rate"),
+                      state.get("gpus_per_host", 0), state_dir=state_dir, name=state["name"],
+                      subnet=first_ip.rsplit(".", 1)[0])
+        cluster.hosts = [Host(**h) for h in hosts]
+        cluster.master_pid = state.get("master_pid")
+        master = state["master_url"].removeprefix("spark://")
+        cluster.master_ip, port = master.rsplit(":", 1)
+        cluster.master_port = int(port)
+        return cluster
+
     def status(self) -> dict[str, Any]:
         """The master's JSON status (workers, cores, resources)."""
         with urllib.request.urlopen(self.json_url, timeout=5) as response:
@@ -329,18 +363,7 @@ class NetCluster:
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "route", "add", "default", "via", self.master_ip)
             if self.rate_bits is not None:
-                # tbf needs a bucket of at least one timer tick of traffic; 10 ms of it here
-                burst = max(32 * 1024, int(self.rate_bits / 8 / 100))
-                tbf = [
-                    "root",
-                    "tbf",
-                    "rate",
-                    str(self.rate),
-                    "burst",
-                    str(burst),
-                    "latency",
-                    "100ms",
-                ]
+                tbf = ["root", *_tbf(str(self.rate), self.rate_bits)]
                 _run(["tc", "qdisc", "add", "dev", host.link, *tbf])
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", *tbf])
 
@@ -558,6 +581,13 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _tbf(rate: str, bits: float) -> list[str]:
+    """A ``tc`` token-bucket qdisc spec; tbf needs a bucket of at least one timer tick of
+    traffic, 10 ms of it here."""
+    burst = max(32 * 1024, int(bits / 8 / 100))
+    return ["tbf", "rate", rate, "burst", str(burst), "latency", "100ms"]
 
 
 def _run(argv: list[str]) -> None:

@@ -92,6 +92,10 @@ class SharedTrainingMaster(TrainingMaster):
             every 5 steps).
         encoder: Where updates are encoded: ``"host"`` (numpy), ``"device"`` (TensorFlow, on
             the model's device) or ``"auto"`` (device when the model is on a GPU).
+        overlap: Hide the exchange behind computation (``training.overlap``): step t's
+            message is encoded, exchanged and decoded while step t+1 computes its gradient,
+            and is applied before step t+1's update (staleness exactly one step, identical on
+            every rank; drained at epoch ends, validation and checkpoints).
         seed: Seed of the workers' random state.
     """
 
@@ -107,9 +111,11 @@ class SharedTrainingMaster(TrainingMaster):
         shake_up: ShakeUp | None = None,
         residual_clipping: ResidualPostProcessor | None = None,
         encoder: str = "auto",
+        overlap: bool = False,
         seed: int = 42,
     ) -> None:
         super().__init__(batch_size_per_worker, num_workers, seed=seed)
+        self.overlap = _check_bool("overlap", overlap)
         if encoder not in ENCODERS:
             raise ConfigurationError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         self.encoder = encoder
@@ -152,6 +158,7 @@ class SharedTrainingMaster(TrainingMaster):
             **super().get_config(),
             "compressor": compressor_to_config(self.compressor),
             "encoder": self.encoder,
+            "overlap": self.overlap,
         }
 
     @classmethod
@@ -202,7 +209,7 @@ class SharedTrainingMaster(TrainingMaster):
             rank=comm.rank,
             device=device,
         )
-        return GradientSharingExchange(model, comm, compressor)
+        return GradientSharingExchange(model, comm, compressor, overlap=self.overlap)
 
 
 class ParameterAveragingTrainingMaster(TrainingMaster):
@@ -230,9 +237,15 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
         averaging_frequency: int = 5,
         save_updater: bool = True,
         report_score_after_averaging: bool = False,
+        overlap: bool = False,
         seed: int = 42,
     ) -> None:
         super().__init__(batch_size_per_worker, num_workers, seed=seed)
+        if overlap:
+            raise ConfigurationError(
+                "overlap applies to gradient sharing and dense allreduce, not to parameter "
+                "averaging (its averages are already only every averaging_frequency steps)"
+            )
         _check_positive("averaging_frequency", averaging_frequency)
         self.averaging_frequency = int(averaging_frequency)
         self.save_updater = bool(save_updater)
@@ -259,14 +272,36 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
 
 
 class DenseTrainingMaster(TrainingMaster):
-    """Synchronous dense allreduce-mean of gradients every step (the baseline)."""
+    """Synchronous dense allreduce-mean of gradients every step (the baseline).
+
+    Args:
+        batch_size_per_worker: Minibatch size of each worker.
+        num_workers: Number of workers.
+        overlap: Allreduce step t's gradient while step t+1's is computed, and apply it
+            before step t+1's (one step stale, the same on every rank).
+        seed: Seed of the workers' random state.
+    """
 
     mode = "dense"
+
+    def __init__(
+        self,
+        batch_size_per_worker: int = 32,
+        num_workers: int = 2,
+        *,
+        overlap: bool = False,
+        seed: int = 42,
+    ) -> None:
+        super().__init__(batch_size_per_worker, num_workers, seed=seed)
+        self.overlap = _check_bool("overlap", overlap)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "overlap": self.overlap}
 
     def create_exchange(self, model, comm, *, job_id):
         from sparkdl.training.dense import DenseAllreduceExchange
 
-        return DenseAllreduceExchange(model, comm)
+        return DenseAllreduceExchange(model, comm, overlap=self.overlap)
 
 
 MASTERS: dict[str, type[TrainingMaster]] = {
@@ -292,12 +327,13 @@ def master_from_training_config(training: TrainingConfig) -> TrainingMaster:
     if training.mode == "averaging":
         return ParameterAveragingTrainingMaster(
             **common,
+            overlap=training.overlap,
             averaging_frequency=training.averaging_frequency,
             save_updater=training.save_updater,
             report_score_after_averaging=training.report_score_after_averaging,
         )
     if training.mode == "dense":
-        return DenseTrainingMaster(**common)
+        return DenseTrainingMaster(**common, overlap=training.overlap)
     t = training.threshold
     threshold: ThresholdAlgorithm
     if t.algorithm == "fixed":
@@ -319,7 +355,14 @@ def master_from_training_config(training: TrainingConfig) -> TrainingMaster:
             training.residual_clipping.factor, training.residual_clipping.frequency
         ),
         encoder=training.encoder,
+        overlap=training.overlap,
     )
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 def _check_positive(name: str, value: Any) -> None:

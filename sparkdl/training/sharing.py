@@ -12,6 +12,7 @@ from sparkdl.comm.communicator import Communicator
 from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.exchange import StepResult, Stopwatch, UpdateExchange
+from sparkdl.training.overlap import InFlightExchange, overlap_timeout
 
 
 class GradientSharingExchange(UpdateExchange):
@@ -24,6 +25,17 @@ class GradientSharingExchange(UpdateExchange):
     sum not applied yet (``pending``; zeros after :meth:`finish`). The shared weights are the
     model's weights after :meth:`finish`, saved with the model; :meth:`set_state` takes them
     from the model.
+
+    With ``overlap`` (``training.overlap``) step t's message is encoded, exchanged and decoded
+    on a background thread (:class:`~sparkdl.training.overlap.InFlightExchange`) while step
+    t+1 computes its gradient; step t+1 then waits for that decoded sum and applies it to the
+    shared weights *before* its optimizer update. So the gradient of step t+1 is computed on
+    weights holding the decoded sums up to step t-1 (staleness exactly one step), and every
+    rank applies the same sums at the same steps: replicas stay bit-identical. The exchange is
+    drained (its sum applied) by :meth:`finish`, :meth:`end_epoch` and before
+    :meth:`get_state`, so checkpoints, validation and the epoch's collectives see one
+    consistent state and use the communicator alone; the first step after a drain computes on
+    fully updated weights.
     """
 
     def __init__(
@@ -31,9 +43,13 @@ class GradientSharingExchange(UpdateExchange):
         model: tf.keras.Model,
         comm: Communicator,
         compressor: Compressor,
+        *,
+        overlap: bool = False,
     ) -> None:
         super().__init__(model, comm)
         self.compressor = compressor
+        self.overlap = bool(overlap)
+        self._in_flight = InFlightExchange(overlap_timeout(comm)) if self.overlap else None
         # The shared weights W, identical on every worker. The model's variables hold
         # W + (this worker's local update) between steps; the next step resets them to
         # W + (decoded sum), so a worker never keeps its own unencoded update.
@@ -53,6 +69,8 @@ class GradientSharingExchange(UpdateExchange):
         self._step_fn = tf.function(self._step_graph, reduce_retracing=True)
         self._flush_fn = tf.function(self._flush_graph, reduce_retracing=True)
         self._scatter_fn = tf.function(self._scatter_graph, reduce_retracing=True)
+        self._gradients_fn = tf.function(self._gradients_graph, reduce_retracing=True)
+        self._update_fn = tf.function(self._update_graph, reduce_retracing=True)
         self.last_stats = None
 
     def _apply_shared_sum(self, total: tf.Tensor) -> None:
@@ -77,6 +95,28 @@ class GradientSharingExchange(UpdateExchange):
         )
         return loss, update, tf.reduce_all(tf.math.is_finite(update))
 
+    def _gradients_graph(self, x: tf.Tensor, y: tf.Tensor):
+        """Overlap, first half: the loss and gradients at the model's weights (= W)."""
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss = self._loss(x, y)
+        grads = tape.gradient(loss, variables)
+        return loss, [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+
+    def _update_graph(self, grads: list[tf.Tensor], previous_sum: tf.Tensor):
+        """Overlap, second half: apply the previous step's decoded sum, run the optimizer on
+        the gradients, return its update and leave the model's weights at W again (the
+        next gradient is computed on the shared weights, never on a local update)."""
+        self._apply_shared_sum(previous_sum)
+        variables = self.model.trainable_variables
+        self.model.optimizer.apply(grads, variables)
+        update = tf.concat(
+            [tf.reshape(v - w, [-1]) for v, w in zip(variables, self._shared)], axis=0
+        )
+        for variable, shared in zip(variables, self._shared):
+            variable.assign(shared)
+        return update, tf.reduce_all(tf.math.is_finite(update))
+
     def _flush_graph(self, previous_sum: tf.Tensor) -> None:
         self._apply_shared_sum(previous_sum)
 
@@ -94,8 +134,14 @@ class GradientSharingExchange(UpdateExchange):
         with tf.device(self._device) if self._device else contextlib.nullcontext():
             return self._scatter_fn(index.astype(np.int32), total[index])
 
+    def _drain(self) -> None:
+        """Overlap: wait for the exchange in flight and make its decoded sum the pending one."""
+        if self._in_flight is not None and self._in_flight.in_flight:
+            self._receive(self._in_flight.wait())
+
     def flush(self) -> None:
         """Apply the pending decoded sum now (before anything reads the weights)."""
+        self._drain()
         self._flush_fn(self._pending)
         self._pending_host[:] = 0.0
         self._pending = self._pending_host
@@ -105,6 +151,7 @@ class GradientSharingExchange(UpdateExchange):
         super().end_epoch(epoch)
 
     def get_state(self) -> dict[str, Any]:
+        self._drain()
         return {
             **super().get_state(),
             **prefixed("compressor", self.compressor.get_state()),
@@ -133,6 +180,8 @@ class GradientSharingExchange(UpdateExchange):
         self.flush()
 
     def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
+        if self.overlap:
+            return self._overlapped_step(x, y, step)
         watch = Stopwatch()
         loss, update, finite = self._step_fn(x, y, self._pending)
         if not bool(finite):
@@ -145,19 +194,51 @@ class GradientSharingExchange(UpdateExchange):
         frames = self.comm.allgather(frame)
         watch.lap("communicate_s")
         total = self.compressor.decompress_sum(frames, step, out=self._sum)
+        watch.lap("decode_s")
+        return StepResult(loss=float(loss), timings=watch.timings,
+                          extra=self._receive((total, frame, frames, stats)))
+
+    def _overlapped_step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
+        """Gradient of this step while the previous step's message travels; then apply the
+        previous decoded sum, update, and send this step's message in the background."""
+        watch = Stopwatch()
+        loss, grads = self._gradients_fn(x, y)
+        watch.lap("compute_s")
+        extra: dict[str, float] = {}
+        if self._in_flight is not None and self._in_flight.in_flight:
+            extra = self._receive(self._in_flight.wait())
+            extra["exchange_s"] = self._in_flight.busy_s
+        watch.lap("communicate_s")  # only the part the gradient did not hide
+        update, finite = self._update_fn(grads, self._pending)
+        if not bool(finite):
+            return StepResult(loss=float(loss), finite_update=False)
+        self._pending_host[:] = 0.0  # applied; the next sum comes from the exchange
+        self._pending = self._pending_host
+        if not self._on_device:
+            update = update.numpy()
+        watch.lap("apply_s")
+        out = self._sum
+
+        def exchange() -> tuple[np.ndarray, bytes, list[bytes], Any]:
+            frame, stats = self.compressor.compress(update, step)
+            frames = self.comm.allgather(frame)
+            return self.compressor.decompress_sum(frames, step, out=out), frame, frames, stats
+
+        assert self._in_flight is not None
+        self._in_flight.submit(exchange)
+        return StepResult(loss=float(loss), timings=watch.timings, extra=extra)
+
+    def _receive(self, received: tuple[np.ndarray, bytes, list[bytes], Any]) -> dict[str, float]:
+        """Make an exchange's decoded sum the pending one; returns its step figures."""
+        total, frame, frames, stats = received
         # double buffer: the step function has finished with the previous pending sum
         self._pending_host, self._sum = total, self._pending_host
         self._pending = self._to_device(total) if self._on_device else total
-        watch.lap("decode_s")
         self.last_stats = stats
-        return StepResult(
-            loss=float(loss),
-            timings=watch.timings,
-            extra={
-                "tau": float(stats.tau),
-                "sparsity": float(stats.sparsity),
-                "bitmap": float(stats.encoding == "bitmap"),
-                "frame_bytes": float(len(frame)),
-                "received_bytes": float(sum(len(f) for f in frames) - len(frame)),
-            },
-        )
+        return {
+            "tau": float(stats.tau),
+            "sparsity": float(stats.sparsity),
+            "bitmap": float(stats.encoding == "bitmap"),
+            "frame_bytes": float(len(frame)),
+            "received_bytes": float(sum(len(f) for f in frames) - len(frame)),
+        }

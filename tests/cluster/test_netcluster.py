@@ -137,6 +137,33 @@ def test_pipeline_modes(cluster, tmp_path, mode):
     assert hosts == {h.ip for h in cluster.hosts}
 
 
+def test_set_rate_and_attach(cluster):
+    """Another process attaches to the running cluster from its state directory and changes
+    the links' rate limit in both directions; the original limit comes back."""
+    attached = NetCluster.attach(cluster.state_dir)
+    assert attached.master_url == cluster.master_url
+    assert [h.ip for h in attached.hosts] == [h.ip for h in cluster.hosts]
+
+    def qdiscs() -> list[str]:
+        shown = []
+        for host in cluster.hosts:
+            shown.append(subprocess.run(["tc", "qdisc", "show", "dev", host.link],
+                                        capture_output=True, text=True, check=True).stdout)
+            shown.append(subprocess.run(["tc", "-n", host.netns, "qdisc", "show", "dev", "eth0"],
+                                        capture_output=True, text=True, check=True).stdout)
+        return shown
+
+    try:
+        attached.set_rate(None)
+        assert not any("tbf" in q for q in qdiscs())
+        attached.set_rate("1gbit")
+        assert all("tbf" in q and "rate 1Gbit" in q for q in qdiscs())
+    finally:
+        attached.set_rate("100mbit")
+    assert all("rate 100Mbit" in q for q in qdiscs())
+    assert json.loads((cluster.state_dir / "state.json").read_text())["rate"] == "100mbit"
+
+
 def test_down_leaves_nothing(cluster):
     pids = [cluster.master_pid] + [h.pid for h in cluster.hosts]
     cluster.down()

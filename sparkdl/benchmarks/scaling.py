@@ -1,0 +1,620 @@
+"""Scaling on a multi-host cluster, next to a performance model that predicts it.
+
+``python jobs/benchmark.py scaling --json PATH [--quick] [--cluster STATE_DIR]`` brings up
+the network-namespace harness (:mod:`sparkdl.testing.netcluster`, root needed; or attaches to
+a running one), and for every cell — link rate (100 Mbit/s, 1 Gbit/s, unlimited) × workers
+per host (1, 2) on 2 hosts × mode (sharing, sharing with overlap, averaging, dense) — fits a
+1.1M-parameter model (256 → Dense 4096 → 10) through real Spark barrier stages. It reports
+the steady-state step time (epochs after the first), the bytes each worker puts on the wire
+per step (the communicator's counters), and what the model below predicts. Rates change
+between cells with ``tc`` on the running cluster; repeats alternate the order of the modes
+and rates, and each figure is the median over repeats.
+
+Performance model (all parameters measured in the same run, none fitted to the cells)::
+
+    step = C_m(w) + (N-1)·D·s + wire + hops·L                       (synchronous)
+    step = max(C_m(w) + (N-1)·D·s, wire + hops·L)                   (overlap)
+    C_m(w) = C(w) · T_m / T_0
+    wire = k · B / R
+
+* ``C(w)``: compute-only step time with ``w`` workers per host, measured on the cluster by a
+  fit of the same model with communication off (parameter averaging that never averages
+  inside the measured epochs): forward, backward, optimizer, input pipeline, loop overhead,
+  and the CPU sharing of the workers on the machine's cores.
+* ``T_m / T_0``: how much CPU work mode ``m``'s exchange does per step next to the plain
+  train step, measured in this process with a one-rank communicator (no communication, one
+  TensorFlow thread, alternated): for sharing the update computed apart from the optimizer's
+  fused step, threshold selection, encoding one message, decoding it and applying the sum;
+  for dense the gradient and a separate apply. ``C_m(w)`` is then the mode's CPU work at
+  ``w`` workers per host.
+* ``D``: threshold decode of one message of this model's size at the target sparsity, from
+  the encoding benchmark's code (:mod:`sparkdl.benchmarks.encoding`; it also reports the
+  encode time ``E``, part of ``T_m``); every worker decodes the ``N-1`` other messages too;
+  ``s = max(1, N / cores)`` is the CPU-sharing factor.
+* ``B``: bytes one worker sends per step (counters of the cell's own epochs: dense ring
+  allreduce ``2(N-1)/N · 4P``; sharing's ring allgather ``(N-1) ·`` message; averaging's
+  allreduce of parameters and optimizer state every ``f`` steps).
+* ``k``: ring edges ``r -> r+1`` that leave (or enter) the busiest host: only edges between
+  hosts use a rate-limited link; ranks on one host share their host's link. The placement of
+  ranks on hosts comes from the fit's executor addresses. Topology: one flat ring.
+* ``R``: the link's goodput, measured in the run by a TCP transfer between two hosts
+  (``NetCluster.transfer_seconds``) at each rate: it includes TCP/IP framing and, for the
+  unlimited link, the kernel's copy cost.
+* ``hops · L``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
+  allgather, ``2(N-1)/f`` for averaging) times the one-way latency between hosts (half the
+  median round trip of a ping-pong).
+
+The machine's cores are shared: with 2 hosts × 2 workers on 2 cores every worker gets half a
+core, which ``C(w)`` (measured at ``w``) and ``s`` account for. TensorFlow runs one thread per
+worker (``spark.task.cpus=1``). Other users of the machine are not modelled: the load average
+is recorded beside the figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sparkdl.benchmarks.report import print_table
+
+HOSTS = 2
+CORES_PER_HOST = 2
+RATES: tuple[str | None, ...] = ("100mbit", "1gbit", None)
+WORKERS_PER_HOST = (1, 2)
+MODES = ("sharing", "sharing_overlap", "averaging", "dense")
+INPUT_DIM, HIDDEN, CLASSES = 256, 4096, 10
+BATCH = 32
+ROWS = 1280  # 20 steps per epoch with 2 workers, 10 with 4 (a multiple of the averaging f)
+AVERAGING_FREQUENCY = 5
+SPARSITY = 1e-3
+
+
+@dataclass
+class Cell:
+    """One measured configuration and its prediction."""
+
+    rate: str | None
+    workers_per_host: int
+    mode: str
+    step_s: list[float] = field(default_factory=list)
+    bytes_per_step: list[float] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    hosts_of_ranks: list[str] = field(default_factory=list)
+    sparsity: float | None = None
+    predicted_s: float | None = None
+    terms: dict[str, float] = field(default_factory=dict)
+    missing: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.mode}/{_rate_name(self.rate)}/{self.workers_per_host}x{HOSTS}"
+
+    @property
+    def measured_s(self) -> float | None:
+        return statistics.median(self.step_s) if self.step_s else None
+
+
+def _rate_name(rate: str | None) -> str:
+    return rate or "unlimited"
+
+
+def overlap_supported() -> bool:
+    """Whether this build's SharedTrainingMaster has ``overlap`` (training.overlap)."""
+    from sparkdl.training.masters import SharedTrainingMaster
+
+    return "overlap" in inspect.signature(SharedTrainingMaster.__init__).parameters
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    from sparkdl.testing.netcluster import NetCluster, check_privileges
+
+    quick = bool(options.get("quick"))
+    rates = ("100mbit", None) if quick else RATES
+    per_host = (1,) if quick else WORKERS_PER_HOST
+    repeats = int(options.get("repeats") or (1 if quick else 2))
+    check_privileges()
+    attach = options.get("cluster")
+    workdir = Path(tempfile.mkdtemp(prefix="sparkdl-scaling-"))
+    if attach:
+        cluster = NetCluster.attach(attach)
+        owned = False
+    else:
+        cluster = NetCluster(HOSTS, CORES_PER_HOST, state_dir=workdir / "cluster", name="sdlb",
+                             subnet="10.77.5")
+        owned = True
+    original_rate = cluster.rate
+    started = time.time()
+    load_before = os.getloadavg()
+    try:
+        if owned:
+            cluster.up()
+        links = {_rate_name(r): _measure_link(cluster, r) for r in rates}
+        _print_links(links)
+        codec = _measure_codec()
+        overlap = overlap_supported()
+        modes = MODES if overlap else tuple(m for m in MODES if m != "sharing_overlap")
+        cpu = _measure_exchange_cpu(("compute", *modes))
+        cells: dict[str, Cell] = {}
+        compute: dict[int, list[float]] = {}
+        uri = None
+        probes: dict[int, list[dict[str, Any]]] = {}
+        schedule = rate_schedule(rates, repeats)
+        for wph in per_host:
+            with _session(cluster, wph) as spark:
+                uri = uri or _write_data(spark, workdir)
+                probes[wph] = shm_links(spark, wph * HOSTS)
+                cluster.set_rate(None)
+                compute[wph] = _fit(spark, cluster, uri, "compute", wph, [None] * 3)["step_s"]
+                print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
+                      f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms", file=sys.stderr,
+                      flush=True)
+                for index in range(len(MODES)):
+                    mode = MODES[(index + wph - 1) % len(MODES)]  # rotate the order
+                    if mode == "sharing_overlap" and not overlap:
+                        for rate in rates:
+                            cells.setdefault(f"{mode}/{_rate_name(rate)}/{wph}", Cell(
+                                rate, wph, mode,
+                                missing="SharedTrainingMaster has no overlap in this build"))
+                        continue
+                    measured = _fit(spark, cluster, uri, mode, wph, schedule)
+                    for epoch, rate in enumerate(schedule[1:], start=1):
+                        cell = cells.setdefault(f"{mode}/{_rate_name(rate)}/{wph}",
+                                                Cell(rate, wph, mode))
+                        _record(cell, measured, epoch)
+                    _progress(cells, mode, wph, rates, started)
+            cluster.set_rate(None)
+    finally:
+        if owned:
+            cluster.down()
+        else:
+            with contextlib.suppress(Exception):
+                cluster.set_rate(original_rate)  # as it was before the benchmark
+    compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
+    for cell in cells.values():
+        if not cell.missing:
+            predict(cell, compute_s[cell.workers_per_host] * cpu[cell.mode] / cpu["compute"],
+                    codec, links[_rate_name(cell.rate)])
+    figures = _figures(cells, compute_s, codec, links, repeats, schedule)
+    figures["exchange_cpu_s"] = cpu
+    figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
+                   shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
+                   ring_links={f"{w}x{HOSTS}": p for w, p in probes.items()},
+                   cluster_seconds=round(time.time() - started, 1))
+    _print_cells(cells, figures)
+    return figures
+
+
+# Measurements --------------------------------------------------------------------------
+
+
+def _measure_link(cluster: Any, rate: str | None) -> dict[str, float]:
+    """Goodput (bytes/s) and one-way latency (s) between host 0 and host 1 at ``rate``."""
+    cluster.set_rate(rate)
+    nbytes = 4 << 20 if rate == "100mbit" else 32 << 20
+    transfer = statistics.median(cluster.transfer_seconds(0, 1, nbytes) for _ in range(3))
+    latency = round_trip_seconds(cluster, 0, 1) / 2
+    return {"bytes_per_s": nbytes / max(transfer - 2 * latency, 1e-9), "latency_s": latency}
+
+
+def round_trip_seconds(cluster: Any, src: int, dst: int, count: int = 200) -> float:
+    """Median round trip of a 64-byte message on one TCP connection from host ``src`` to
+    host ``dst`` and back (ping-pong, ``TCP_NODELAY``)."""
+    import subprocess
+
+    port = 47100 + dst
+    echo = (
+        "import socket\n"
+        f"s=socket.create_server(('{cluster.hosts[dst].ip}',{port}));s.settimeout(60)\n"
+        "print('ready',flush=True)\n"
+        "c,_=s.accept();c.settimeout(60)\n"
+        "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
+        "while True:\n"
+        "    b=c.recv(64)\n"
+        "    if not b: break\n"
+        "    c.sendall(b)\n"
+    )
+    ping = (
+        "import socket,statistics,time\n"
+        f"c=socket.create_connection(('{cluster.hosts[dst].ip}',{port}),timeout=60)\n"
+        "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
+        "t=[]\n"
+        f"for _ in range({count}):\n"
+        "    a=time.perf_counter();c.sendall(bytes(64));n=0\n"
+        "    while n<64: n+=len(c.recv(64-n))\n"
+        "    t.append(time.perf_counter()-a)\n"
+        "print(statistics.median(t))\n"
+    )
+    server = cluster.popen(dst, [sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True)
+    try:
+        if server.stdout is None or server.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the echo server on host {dst} did not start")
+        out = cluster.exec(src, [sys.executable, "-c", ping], capture_output=True, text=True,
+                           check=True, timeout=120)
+        return float(out.stdout.strip())
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=10)
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=10)
+
+
+def _measure_codec() -> dict[str, float]:
+    """Encode and decode seconds of one update of the model's size (encoding benchmark)."""
+    from sparkdl.benchmarks import encoding
+
+    params = num_parameters()
+    result = encoding.run({"sizes": [params], "sparsities": [SPARSITY], "repeats": 7})
+    by_op = {case["op"]: case["seconds"] for case in result["cases"]}
+    return {"encode_s": by_op["encode"], "decode_s": by_op["decode"], "parameters": params}
+
+
+def _measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15) -> dict[str, float]:
+    """Seconds per step of each mode's exchange in this process with a one-rank communicator
+    (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated."""
+    import secrets
+
+    from sparkdl.benchmarks.report import alternate
+    from sparkdl.comm import create_communicator
+    from sparkdl.training.worker import configure_tensorflow
+
+    configure_tensorflow(1)
+    comm = create_communicator("tcp", 0, 1, lambda message: [message],
+                               secret=secrets.token_bytes(32), timeout_s=60.0,
+                               default_host="127.0.0.1")
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 1, (BATCH, INPUT_DIM)).astype(np.float32)
+    y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
+    counter = iter(range(10**9))
+    exchanges = {mode: _master(mode, 1).create_exchange(_model(), comm, job_id=1)
+                 for mode in modes}
+    try:
+        for exchange in exchanges.values():
+            exchange.metrics.build(x, y)
+        seconds = alternate(
+            {mode: (lambda e=e: e.step(x, y, next(counter))) for mode, e in exchanges.items()},
+            repeats=repeats, warmup=3)
+        for exchange in exchanges.values():
+            exchange.finish()
+    finally:
+        comm.close()
+    print_table("one step's CPU work per mode, one process, no communication (ms, median)",
+                ["mode", "ms"], [(mode, t * 1e3) for mode, t in seconds.items()])
+    return seconds
+
+
+def num_parameters() -> int:
+    return INPUT_DIM * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
+
+
+@contextlib.contextmanager
+def _session(cluster: Any, workers_per_host: int) -> Iterator[Any]:
+    """A SparkSession on the cluster: one executor per host with ``workers_per_host`` cores,
+    one task (and one TensorFlow thread) per core."""
+    from pyspark.sql import SparkSession
+
+    repo = str(Path(__file__).resolve().parents[2])
+    # a SparkContext in a running interpreter takes its workers' Python from the environment
+    # (spark.pyspark.python is read by spark-submit only)
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    args = cluster.submit_args()
+    builder = SparkSession.builder.master(cluster.master_url).appName(
+        f"sparkdl-scaling-{workers_per_host}")
+    for key, value in (a.split("=", 1) for a in args[1::2]):
+        builder = builder.config(key, value)
+    conf = {
+        "spark.executor.cores": str(workers_per_host),
+        "spark.cores.max": str(workers_per_host * len(cluster.hosts)),
+        "spark.task.cpus": "1",
+        "spark.default.parallelism": str(workers_per_host * len(cluster.hosts)),
+        "spark.executorEnv.PYTHONPATH": repo,
+        "spark.ui.showConsoleProgress": "false",
+    }
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        _wait_for_executors(spark, len(cluster.hosts))
+        yield spark
+    finally:
+        spark.stop()
+
+
+def _wait_for_executors(spark: Any, count: int, timeout_s: float = 120.0) -> None:
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while len(tracker.getExecutorInfos()) - 1 < count:  # the driver is listed too
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(tracker.getExecutorInfos()) - 1} of {count} "
+                               f"executors registered within {timeout_s:g} s")
+        time.sleep(0.5)
+
+
+def _write_data(spark: Any, workdir: Path) -> str:
+    import pandas as pd
+
+    from sparkdl.data.writer import write_shards
+
+    rng = np.random.default_rng(0)
+    centers = rng.normal(0, 1, (CLASSES, INPUT_DIM)).astype(np.float32)
+    y = rng.integers(0, CLASSES, ROWS)
+    x = centers[y] + rng.normal(0, 1, (ROWS, INPUT_DIM)).astype(np.float32)
+    frame = pd.DataFrame({"features": list(x), "label": y.astype(np.int64)})
+    uri = f"file://{workdir}/data"
+    write_shards(spark.createDataFrame(frame), uri, feature_shape=[INPUT_DIM],
+                 classes=[str(i) for i in range(CLASSES)], num_files=8, rows_per_group=BATCH)
+    return uri
+
+
+def _model() -> Any:
+    import keras
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([
+        keras.Input((INPUT_DIM,)),
+        keras.layers.Dense(HIDDEN, activation="relu"),
+        keras.layers.Dense(CLASSES, activation="softmax"),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss="sparse_categorical_crossentropy")
+    return model
+
+
+def _master(mode: str, num_workers: int) -> Any:
+    from sparkdl.compression import TargetSparsityThreshold
+    from sparkdl.training.masters import (
+        DenseTrainingMaster,
+        ParameterAveragingTrainingMaster,
+        SharedTrainingMaster,
+    )
+
+    common = {"batch_size_per_worker": BATCH, "num_workers": num_workers}
+    if mode.startswith("sharing"):
+        extra = {"overlap": True} if mode == "sharing_overlap" else {}
+        return SharedTrainingMaster(**common, threshold=TargetSparsityThreshold(SPARSITY),
+                                    **extra)
+    if mode == "averaging":
+        return ParameterAveragingTrainingMaster(**common, averaging_frequency=AVERAGING_FREQUENCY)
+    if mode == "compute":  # communication off: never averages inside the epochs
+        return ParameterAveragingTrainingMaster(**common, averaging_frequency=10**9)
+    return DenseTrainingMaster(**common)
+
+
+def rate_schedule(rates: tuple[str | None, ...], repeats: int) -> list[str | None]:
+    """The link rate of each epoch of a fit: a warm-up epoch (it traces the step functions;
+    not measured), then ``repeats`` passes over the rates in alternating order."""
+    order: list[str | None] = []
+    for repeat in range(repeats):
+        order += list(rates) if repeat % 2 == 0 else list(reversed(rates))
+    return [order[0], *order]
+
+
+def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
+         schedule: list[str | None]) -> dict[str, Any]:
+    """One fit whose epoch ``e`` runs at link rate ``schedule[e]``: a driver callback changes
+    the rate at each epoch end, while every rank waits for the driver's answer."""
+    import keras
+
+    from sparkdl.config import ClusterConfig
+    from sparkdl.spark_model import SparkModel
+
+    class RateSchedule(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if epoch + 1 < len(schedule) and schedule[epoch + 1] != schedule[epoch]:
+                cluster.set_rate(schedule[epoch + 1])
+
+    cluster.set_rate(schedule[0])
+    workers = workers_per_host * HOSTS
+    # one flat ring of all ranks (the model's k); the per-host accumulator is another topology
+    cluster_config = ClusterConfig(topology="flat")
+    fit = SparkModel(spark, _model(), _master(mode, workers), cluster=cluster_config).fit(
+        uri, epochs=len(schedule), verbose=0, log_every_steps=10**6,
+        callbacks=[RateSchedule()])
+    steps = fit.metrics["steps_per_epoch"]
+    return {
+        "step_s": [seconds / steps for seconds in fit.history["epoch_s"]],
+        "bytes_per_step": list(fit.history["bytes_sent_per_step"]),
+        "phases": fit.metrics["step_timings_s"],
+        "sparsity": fit.metrics["step_stats"].get("sparsity"),
+        "hosts": [a.rsplit(":", 1)[0] for a in fit.metrics["executor_addresses"]],
+    }
+
+
+def _progress(cells: dict[str, Cell], mode: str, wph: int, rates: tuple[str | None, ...],
+              started: float) -> None:
+    for rate in rates:
+        cell = cells[f"{mode}/{_rate_name(rate)}/{wph}"]
+        steps = ", ".join(f"{v * 1e3:.1f}" for v in cell.step_s)
+        print(f"[{time.time() - started:6.0f} s] {cell.key}: step ms {steps}; "
+              f"{cell.bytes_per_step[-1]:.0f} B/step", file=sys.stderr, flush=True)
+
+
+def _record(cell: Cell, measured: dict[str, Any], epoch: int) -> None:
+    cell.step_s.append(measured["step_s"][epoch])
+    cell.bytes_per_step.append(measured["bytes_per_step"][epoch])
+    cell.phases = measured["phases"]
+    cell.hosts_of_ranks = measured["hosts"]
+    cell.sparsity = measured["sparsity"]
+
+
+def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
+    """Build the TCP ring in a barrier stage exactly as a fit does, and report for each rank
+    its host and whether its links (prev -> me, me -> next) use shared memory."""
+    import secrets
+
+    from sparkdl.comm import create_communicator
+
+    secret = secrets.token_bytes(32)
+
+    def probe(_: Any) -> Iterator[dict[str, Any]]:
+        from pyspark import BarrierTaskContext
+
+        context = BarrierTaskContext.get()
+        rank, infos = context.partitionId(), context.getTaskInfos()
+        host = infos[rank].address.rsplit(":", 1)[0]
+        comm = create_communicator("tcp", rank, len(infos),
+                                   lambda message: list(context.allGather(message)),
+                                   secret=secret, timeout_s=60.0, default_host=host)
+        try:
+            comm.allreduce(np.ones(1 << 18, np.float32))
+            shm_in, shm_out = getattr(comm, "shared_memory", (False, False))
+        finally:
+            comm.close()
+        yield {"rank": rank, "host": host, "shm_in": shm_in, "shm_out": shm_out}
+
+    rdd = spark.sparkContext.parallelize(range(num_workers), num_workers)
+    return sorted(rdd.barrier().mapPartitions(probe).collect(), key=lambda r: r["rank"])
+
+
+def shm_between_hosts(links: list[dict[str, Any]]) -> bool:
+    """Whether any ring link between two different hosts uses shared memory."""
+    n = len(links)
+    return any(link["shm_out"] and links[(i + 1) % n]["host"] != link["host"]
+               for i, link in enumerate(links))
+
+
+# The model ------------------------------------------------------------------------------
+
+
+def ring_crossings(hosts_of_ranks: list[str]) -> int:
+    """Most ring edges ``r -> r + 1`` that leave one host (or, equally, enter one)."""
+    n = len(hosts_of_ranks)
+    if n < 2:
+        return 0
+    leaving: dict[str, int] = {}
+    entering: dict[str, int] = {}
+    for rank, host in enumerate(hosts_of_ranks):
+        nxt = hosts_of_ranks[(rank + 1) % n]
+        if nxt != host:
+            leaving[host] = leaving.get(host, 0) + 1
+            entering[nxt] = entering.get(nxt, 0) + 1
+    return max([*leaving.values(), *entering.values(), 0])
+
+
+def hops_per_step(mode: str, num_workers: int) -> float:
+    """Sequential messages a step waits for (ring algorithms)."""
+    if mode == "dense":
+        return 2.0 * (num_workers - 1)
+    if mode == "averaging":
+        return 2.0 * (num_workers - 1) / AVERAGING_FREQUENCY
+    return float(num_workers - 1)
+
+
+def predict(cell: Cell, compute_s: float, codec: dict[str, float],
+            link: dict[str, float]) -> None:
+    """Fill ``cell.predicted_s`` and the model's terms (see the module docstring).
+
+    ``compute_s`` is ``C_m(w)``: the cell's mode's CPU work per step (one rank's encode and
+    decode included) at ``w`` workers per host."""
+    workers = cell.workers_per_host * HOSTS
+    share = max(1.0, workers / (os.cpu_count() or 1))
+    sharing = cell.mode.startswith("sharing")
+    decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
+    bytes_per_step = statistics.median(cell.bytes_per_step)
+    wire = ring_crossings(cell.hosts_of_ranks) * bytes_per_step / link["bytes_per_s"]
+    latency = hops_per_step(cell.mode, workers) * link["latency_s"]
+    if cell.mode == "sharing_overlap":
+        predicted = max(compute_s + decode, wire + latency)
+    else:
+        predicted = compute_s + decode + wire + latency
+    cell.terms = {"compute_s": compute_s, "decode_others_s": decode, "wire_s": wire,
+                  "latency_s": latency, "cpu_share": share}
+    cell.predicted_s = predicted
+
+
+# Figures --------------------------------------------------------------------------------
+
+
+def _figures(cells: dict[str, Cell], compute_s: dict[int, float], codec: dict[str, float],
+             links: dict[str, dict[str, float]], repeats: int,
+             schedule: list[str | None]) -> dict[str, Any]:
+    def measured(mode: str, rate: str, wph: int = 1) -> float | None:
+        cell = cells.get(f"{mode}/{rate}/{wph}")
+        return cell.measured_s if cell else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    errors = [abs(c.predicted_s - c.measured_s) / c.measured_s
+              for c in cells.values() if c.predicted_s and c.measured_s]
+    dense_bytes = 4.0 * codec["parameters"] * 2 * (HOSTS - 1) / HOSTS
+    sharing_bytes = [statistics.median(c.bytes_per_step) for c in cells.values()
+                     if c.mode == "sharing" and c.workers_per_host == 1 and c.bytes_per_step]
+    return {
+        "sharing_vs_dense_step_speedup_100mbit": ratio(measured("dense", "100mbit"),
+                                                       measured("sharing", "100mbit")),
+        "overlap_vs_compute_only_100mbit": ratio(compute_s.get(1),
+                                                 measured("sharing_overlap", "100mbit")),
+        "model_error_max": max(errors) if errors else None,
+        "model_error_median": statistics.median(errors) if errors else None,
+        "sharing_compression": (dense_bytes / statistics.median(sharing_bytes)
+                                if sharing_bytes else None),
+        "num_parameters": codec["parameters"],
+        "repeats": repeats,
+        "epoch_rates": [_rate_name(r) for r in schedule],
+        "batch_size_per_worker": BATCH,
+        "hosts": HOSTS,
+        "compute_only_step_s": {f"{w}x{HOSTS}": s for w, s in compute_s.items()},
+        "encode_s": codec["encode_s"],
+        "decode_s": codec["decode_s"],
+        "links": links,
+        "cells": {
+            cell.key: {
+                "mode": cell.mode,
+                "rate": _rate_name(cell.rate),
+                "workers_per_host": cell.workers_per_host,
+                "hosts": HOSTS,
+                "measured_step_s": cell.measured_s,
+                "measured_step_s_repeats": cell.step_s,
+                "predicted_step_s": cell.predicted_s,
+                "model_error": (abs(cell.predicted_s - cell.measured_s) / cell.measured_s
+                                if cell.predicted_s and cell.measured_s else None),
+                "bytes_per_step": (statistics.median(cell.bytes_per_step)
+                                   if cell.bytes_per_step else None),
+                "terms": cell.terms,
+                "phases": cell.phases,
+                "sparsity": cell.sparsity,
+                "ranks_on_hosts": cell.hosts_of_ranks,
+                "missing": cell.missing,
+            }
+            for cell in cells.values()
+        },
+    }
+
+
+def _print_links(links: dict[str, dict[str, float]]) -> None:
+    print_table("links between hosts (measured TCP goodput, one-way latency)",
+                ["rate", "MB/s", "latency ms"],
+                [(name, v["bytes_per_s"] / 1e6, v["latency_s"] * 1e3)
+                 for name, v in links.items()])
+
+
+def _print_cells(cells: dict[str, Cell], figures: dict[str, Any]) -> None:
+    rows = []
+    for cell in sorted(cells.values(), key=lambda c: (c.workers_per_host, str(c.rate), c.mode)):
+        if cell.missing:
+            rows.append((cell.key, "missing", "-", "-", "-", "-"))
+            continue
+        t = cell.terms
+        rows.append((cell.key, cell.measured_s * 1e3, cell.predicted_s * 1e3,
+                     (cell.predicted_s - cell.measured_s) / cell.measured_s,
+                     f"{statistics.median(cell.bytes_per_step):.0f}",
+                     f"C{t['compute_s'] * 1e3:.0f}+D{t['decode_others_s'] * 1e3:.1f}"
+                     f"+W{t['wire_s'] * 1e3:.0f}"
+                     f"+L{t['latency_s'] * 1e3:.1f}"))
+    print_table(f"step time per cell (ms, medians of {figures['repeats']}), model terms in ms",
+                ["cell", "measured", "predicted", "error", "bytes/step", "model"], rows)
+    for key in ("sharing_vs_dense_step_speedup_100mbit", "overlap_vs_compute_only_100mbit",
+                "model_error_max", "sharing_compression"):
+        print(f"{key}: {figures[key]}")

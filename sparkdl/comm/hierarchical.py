@@ -1,0 +1,271 @@
+"""Topology-aware collectives: one accumulator per host (the seeds' per-node accumulator).
+
+Ranks that share a host form a *local* communicator; its local rank 0 is the host's
+*leader*, and the leaders form a second communicator. Hosts are numbered by their lowest
+world rank, so host ``h``'s leader is rank ``h`` of the leaders' communicator.
+
+=============== ============================================ ===============================
+collective      inside a host / between hosts / inside again  result
+=============== ============================================ ===============================
+``allgather``   local allgather → leaders allgather the       identical to the flat
+                host *bundles* → leader broadcasts the other   allgather, bit for bit
+                hosts' bundles locally
+``allreduce``   local sum → leaders sum the host sums →       float order differs from the
+                leader broadcasts the total locally            flat ring (sum of host sums);
+                                                               identical on every rank
+``broadcast``   root → its host's leader → leaders →           identical
+                every other host's ranks
+``barrier``     local, leaders, local                          —
+=============== ============================================ ===============================
+
+**The host's combined message** in ``allgather`` (what gradient sharing uses) is the bundle of
+the host's messages, not their decoded sum re-encoded. So between hosts there is one message
+per host per step, and every rank still decodes every rank's frame in rank order: the decoded
+sum is bit-for-bit that of the flat topology. A re-encoded sum would be larger for the sparse
+messages of threshold encoding (each rank has its own τ, so a sum element is not a multiple of
+one τ: it needs a float value beside its index, 8 bytes instead of 4, while the ranks'
+non-zeros rarely coincide) and its float order would differ; and ``comm/`` stays free of any
+knowledge of the message format. Inter-host bytes drop because each message crosses the
+host boundary once per remote host instead of once per ring hop between hosts (a flat ring
+whose rank order alternates hosts crosses the boundary at every hop).
+
+Wire format of a bundle (``allgather``): ``uint32`` count, ``count`` × ``uint64`` lengths,
+then the payloads, all little-endian; :func:`unpack_bundle` checks every length against the
+bytes present before slicing.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sparkdl.comm.communicator import Communicator, TrafficCounters
+from sparkdl.errors import CommunicationError, ConfigurationError
+
+#: ``cluster.topology`` values.
+TOPOLOGIES = ("auto", "flat", "hierarchical")
+
+Exchange = Callable[[str], list[str]]
+Connect = Callable[[int, int, Exchange], Communicator]
+
+_COUNT = struct.Struct("<I")
+
+
+def pack_bundle(messages: Sequence[bytes | memoryview]) -> bytes:
+    """Several messages as one (see the module docstring)."""
+    lengths = np.array([len(m) for m in messages], dtype="<u8")
+    return b"".join([_COUNT.pack(len(messages)), lengths.tobytes(), *map(bytes, messages)])
+
+
+def unpack_bundle(data: bytes | memoryview, expected: int) -> list[bytes]:
+    """The messages of :func:`pack_bundle` output; raises :class:`CommunicationError` when it
+    does not hold exactly ``expected`` messages that fill it."""
+    data = memoryview(data).cast("B")
+    if len(data) < _COUNT.size:
+        raise CommunicationError(f"bundle of {len(data)} bytes has no header")
+    (count,) = _COUNT.unpack_from(data)
+    head = _COUNT.size + 8 * count
+    if count != expected or len(data) < head:
+        raise CommunicationError(
+            f"bundle holds {count} messages in {len(data)} bytes, expected {expected}"
+        )
+    lengths = np.frombuffer(data[_COUNT.size : head], dtype="<u8")
+    if int(lengths.sum()) != len(data) - head:
+        raise CommunicationError(
+            f"bundle lengths add up to {int(lengths.sum())} bytes, {len(data) - head} present"
+        )
+    out, at = [], head
+    for length in lengths.tolist():
+        out.append(bytes(data[at : at + length]))
+        at += length
+    return out
+
+
+def host_groups(hosts: Sequence[str]) -> list[list[int]]:
+    """World ranks grouped by host, hosts ordered by their lowest rank."""
+    groups: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        groups.setdefault(host, []).append(rank)
+    return list(groups.values())
+
+
+def wants_hierarchy(topology: str, hosts: Sequence[str]) -> bool:
+    """Whether ``topology`` over ranks on ``hosts`` means two levels: ``hierarchical``
+    always, ``auto`` when there is more than one host and some host has two ranks or more."""
+    if topology not in TOPOLOGIES:
+        raise ConfigurationError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
+    groups = host_groups(hosts)
+    if topology == "auto":
+        return len(groups) > 1 and max(len(g) for g in groups) > 1
+    return topology == "hierarchical"
+
+
+class HierarchicalCommunicator(Communicator):
+    """Collectives in two levels: the ranks of each host, then one leader per host.
+
+    Args:
+        rank: this rank in the world.
+        groups: world ranks per host (:func:`host_groups`), the same on every rank.
+        local: the communicator of this host's ranks (ordered as in ``groups``).
+        leaders: the communicator of the hosts' leaders, on leaders only (``None`` elsewhere,
+            and allowed to be ``None`` with one host).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        groups: Sequence[Sequence[int]],
+        local: Communicator,
+        leaders: Communicator | None,
+    ) -> None:
+        self.rank = rank
+        self.groups = [list(g) for g in groups]
+        self.world_size = sum(len(g) for g in self.groups)
+        self.host = next(h for h, g in enumerate(self.groups) if rank in g)
+        self.local = local
+        self.leaders = leaders
+        self.is_leader = local.rank == 0
+        if self.is_leader and leaders is None and len(self.groups) > 1:
+            raise ConfigurationError(f"rank {rank} leads host {self.host} but has no leaders' ring")
+        self.timeout_s = float(getattr(local, "timeout_s", 120.0))
+
+    def __repr__(self) -> str:
+        return (f"HierarchicalCommunicator(rank={self.rank}, world_size={self.world_size}, "
+                f"host={self.host}, hosts={len(self.groups)}, leader={self.is_leader})")
+
+    @property
+    def counters(self) -> TrafficCounters:  # type: ignore[override]
+        """Both levels' traffic together (see :attr:`inter_host_counters` for the part
+        between hosts)."""
+        sent, received = self.local.counters.snapshot()
+        outer = self.inter_host_counters.snapshot()
+        return TrafficCounters(sent + outer[0], received + outer[1])
+
+    @property
+    def inter_host_counters(self) -> TrafficCounters:
+        """What this rank sent to and received from other hosts (leaders only; else zero)."""
+        if self.leaders is None:
+            return TrafficCounters()
+        return self.leaders.counters
+
+    def _across_hosts(self) -> bool:
+        """Whether this rank talks to other hosts (a leader, with more than one host)."""
+        return self.leaders is not None and self.leaders.world_size > 1
+
+    @property
+    def _several_hosts(self) -> bool:
+        return len(self.groups) > 1
+
+    def allgather(self, message: bytes | memoryview) -> list[bytes]:
+        mine = self.local.allgather(message)
+        others = b""
+        if self.is_leader and self._across_hosts():
+            assert self.leaders is not None
+            bundles = self.leaders.allgather(pack_bundle(mine))
+            others = pack_bundle([b for h, b in enumerate(bundles) if h != self.host])
+        if self._several_hosts:
+            others = self.local.broadcast(others if self.is_leader else None, root=0)
+        remote = unpack_bundle(others, len(self.groups) - 1) if self._several_hosts else []
+        out: list[bytes] = [b""] * self.world_size
+        for h, group in enumerate(self.groups):
+            messages = mine if h == self.host else unpack_bundle(
+                remote[h if h < self.host else h - 1], len(group)
+            )
+            for rank, m in zip(group, messages):
+                out[rank] = m
+        return out
+
+    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+        if op not in ("sum", "mean"):
+            raise ConfigurationError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
+        total = self.local.allreduce(array, "sum")
+        if self._several_hosts:
+            if self._across_hosts():
+                assert self.leaders is not None
+                total = self.leaders.allreduce(total, "sum")
+            total = self.local.broadcast_array(total, root=0)
+        if op == "mean":
+            total /= total.dtype.type(self.world_size)  # a new array: the input is unchanged
+        return total
+
+    def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
+        if not 0 <= root < self.world_size:
+            raise ConfigurationError(
+                f"broadcast root must be in [0, {self.world_size}), got {root}"
+            )
+        root_host = next(h for h, g in enumerate(self.groups) if root in g)
+        data: bytes | None = None
+        if self.host == root_host:
+            local_root = self.groups[root_host].index(root)
+            data = self.local.broadcast(message if self.rank == root else None, local_root)
+        if self._across_hosts() and self.is_leader:
+            assert self.leaders is not None
+            data = self.leaders.broadcast(data if self.host == root_host else None, root_host)
+        if self.host != root_host:  # (then there are several hosts)
+            data = self.local.broadcast(data if self.is_leader else None, root=0)
+        assert data is not None
+        return data
+
+    def barrier(self) -> None:
+        self.local.barrier()
+        if self._several_hosts:
+            if self._across_hosts():
+                assert self.leaders is not None
+                self.leaders.barrier()
+            self.local.barrier()
+
+    def close(self) -> None:
+        try:
+            self.local.close()
+        finally:
+            if self.leaders is not None:
+                self.leaders.close()
+
+
+def connect_hierarchical(
+    rank: int,
+    world_size: int,
+    exchange: Exchange,
+    connect: Connect,
+    *,
+    hosts: Sequence[str],
+) -> HierarchicalCommunicator:
+    """Build the two levels with ``connect(rank, size, exchange)`` (e.g. a TCP ring): every
+    rank takes part in exactly two rounds of ``exchange`` (the hosts' rings, then the
+    leaders' ring), whether or not its own group needs one."""
+    groups = host_groups(hosts)
+    if len(hosts) != world_size:
+        raise ConfigurationError(f"hosts: expected {world_size} entries, got {len(hosts)}")
+    mine = next(g for g in groups if rank in g)
+    local = _connect_group(rank, mine, exchange, connect)
+    leaders = None
+    try:
+        group = [g[0] for g in groups]
+        if rank in group:
+            leaders = _connect_group(rank, group, exchange, connect)
+        else:
+            exchange("")  # the leaders' round
+    except BaseException:
+        local.close()
+        raise
+    return HierarchicalCommunicator(rank, groups, local, leaders)
+
+
+def _connect_group(rank: int, group: list[int], exchange: Exchange, connect: Connect
+                   ) -> Communicator:
+    """``connect`` among ``group`` (world ranks) inside one round of the world ``exchange``."""
+    rounds = [0]
+
+    def sub_exchange(value: str) -> list[str]:
+        if rounds[0]:
+            raise CommunicationError("a group's ring may use one round of the rendezvous")
+        rounds[0] += 1
+        values = exchange(value)
+        return [values[r] for r in group]
+
+    comm = connect(group.index(rank), len(group), sub_exchange)
+    if not rounds[0]:  # a one-rank group: still take part in the world's round
+        exchange("")
+    return comm

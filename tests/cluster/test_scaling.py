@@ -1,0 +1,97 @@
+"""The scaling benchmark (``jobs/benchmark.py scaling --quick``) on the network-namespace
+cluster: it runs end to end and reports, for every cell, a measured and a predicted step time
+(no timing assertions: the figures are for the report). Needs root; skipped elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkdl.benchmarks.scaling import (
+    Cell,
+    predict,
+    rate_schedule,
+    ring_crossings,
+    shm_between_hosts,
+)
+from sparkdl.testing.netcluster import NetClusterError, check_privileges
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = ("sharing_vs_dense_step_speedup_100mbit", "overlap_vs_compute_only_100mbit",
+        "model_error_max", "sharing_compression")
+
+try:
+    check_privileges()
+    _SKIP = None
+except NetClusterError as exc:
+    _SKIP = f"the scaling benchmark needs the netcluster harness: {exc}"
+
+
+@pytest.mark.slow
+def test_quick_scaling_benchmark_reports_every_cell(tmp_path):
+    if _SKIP:
+        pytest.skip(_SKIP)
+    out = tmp_path / "scaling.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "jobs/benchmark.py", "scaling", "--quick", "--json", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    for key in KEYS:
+        assert key in figures, key
+    assert figures["shm_used_between_hosts"] is False
+    cells = figures["cells"]
+    modes = {cell["mode"] for cell in cells.values()}
+    assert {"sharing", "averaging", "dense"} <= modes
+    assert {cell["rate"] for cell in cells.values()} >= {"100mbit", "unlimited"}
+    for name, cell in cells.items():
+        if cell["missing"]:  # sharing with overlap where this build has none
+            assert cell["mode"] == "sharing_overlap", name
+            continue
+        assert cell["measured_step_s"] > 0, name
+        assert cell["predicted_step_s"] > 0, name
+        assert cell["bytes_per_step"] > 0, name
+        assert set(cell["terms"]) >= {"compute_s", "wire_s", "latency_s"}, name
+    assert figures["sharing_compression"] > 1
+    assert figures["model_error_max"] is not None
+
+
+def test_ring_crossings_counts_edges_between_hosts():
+    assert ring_crossings(["a", "b"]) == 1
+    assert ring_crossings(["a", "a", "b", "b"]) == 1
+    assert ring_crossings(["a", "b", "a", "b"]) == 2
+    assert ring_crossings(["a", "a"]) == 0
+
+
+def test_shm_between_hosts_looks_only_at_links_that_leave_a_host():
+    same_host = [{"host": "a", "shm_out": True}, {"host": "a", "shm_out": False},
+                 {"host": "b", "shm_out": True}, {"host": "b", "shm_out": False}]
+    assert not shm_between_hosts(same_host)
+    across = [{"host": "a", "shm_out": True}, {"host": "b", "shm_out": False}]
+    assert shm_between_hosts(across)
+
+
+def test_rate_schedule_warms_up_then_alternates():
+    assert rate_schedule(("100mbit", "1gbit", None), 2) == [
+        "100mbit", "100mbit", "1gbit", None, None, "1gbit", "100mbit"]
+    assert rate_schedule(("100mbit",), 1) == ["100mbit", "100mbit"]
+
+
+def test_predict_adds_wire_time_of_the_busiest_host_link():
+    link = {"bytes_per_s": 1e6, "latency_s": 1e-3}
+    codec = {"decode_s": 0.0, "encode_s": 0.0, "parameters": 1}
+    dense = Cell("100mbit", 2, "dense", step_s=[1.0], bytes_per_step=[2e5],
+                 hosts_of_ranks=["a", "b", "a", "b"])  # every ring edge crosses: k = 2
+    predict(dense, 0.05, codec, link)
+    assert dense.predicted_s == pytest.approx(0.05 + 2 * 2e5 / 1e6 + 6 * 1e-3)
+    overlap = Cell("100mbit", 1, "sharing_overlap", step_s=[1.0], bytes_per_step=[1e4],
+                   hosts_of_ranks=["a", "b"])
+    predict(overlap, 0.05, codec, link)
+    assert overlap.predicted_s == pytest.approx(0.05)  # the wire (11 ms) hides behind compute

@@ -1,0 +1,117 @@
+"""Topology-aware collectives with plain processes: 4 ranks faking 2 hosts by host id."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _comm_harness import SECRET, run_ranks, values
+
+from sparkdl.comm import HierarchicalCommunicator, create_communicator
+from sparkdl.comm.hierarchical import pack_bundle, unpack_bundle, wants_hierarchy
+from sparkdl.config import JobConfig
+from sparkdl.errors import CommunicationError, ConfigurationError
+
+MESSAGE_BYTES = 20_000
+
+
+def _message(rank: int, step: int) -> bytes:
+    rng = np.random.default_rng(1000 * step + rank)
+    return rng.integers(0, 256, MESSAGE_BYTES + 37 * rank, dtype=np.uint8).tobytes()
+
+
+def _collectives(rank, world, exchange, topology, hosts, steps):
+    """Run every collective; report results and the bytes this rank sent to another host."""
+    comm = create_communicator("tcp", rank, world, exchange, secret=SECRET, timeout_s=20,
+                               topology=topology, host_id=hosts[rank])
+    try:
+        hierarchical = isinstance(comm, HierarchicalCommunicator)
+        flat_next_remote = hosts[(rank + 1) % world] != hosts[rank]
+
+        def crossing() -> int:
+            if hierarchical:
+                return comm.inter_host_counters.snapshot()[0]
+            return comm.counters.snapshot()[0] if flat_next_remote else 0
+
+        before = crossing()
+        gathered = [comm.allgather(_message(rank, s)) for s in range(steps)]
+        crossed = crossing() - before
+        rng = np.random.default_rng(rank)
+        vec = rng.standard_normal(5000).astype(np.float32)
+        summed = comm.allreduce(vec, "sum")
+        mean = comm.allreduce(vec.astype(np.float64), "mean")
+        casts = [comm.broadcast(b"from %d" % root if rank == root else None, root)
+                 for root in range(world)]
+        comm.barrier()
+        return {"hierarchical": hierarchical, "gathered": gathered, "crossed": crossed,
+                "sum": summed, "mean": mean, "casts": casts}
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "b"], ["a", "b", "a", "b"]])
+def test_hierarchical_collectives_match_flat_with_fewer_inter_host_bytes(hosts):
+    steps = 3
+    flat = values(run_ranks(_collectives, 4, args=("flat", hosts, steps), timeout=60))
+    tree = values(run_ranks(_collectives, 4, args=("auto", hosts, steps), timeout=60))
+    assert [r["hierarchical"] for r in tree] == [True] * 4
+    assert [r["hierarchical"] for r in flat] == [False] * 4
+    expected = [[_message(r, s) for r in range(4)] for s in range(steps)]
+    for f, t in zip(flat, tree):
+        assert f["gathered"] == expected and t["gathered"] == expected  # bit for bit
+        assert t["casts"] == [b"from %d" % r for r in range(4)]
+    # every rank holds the same reduction; it equals the flat one up to float order
+    for key in ("sum", "mean"):
+        assert all(np.array_equal(t[key], tree[0][key]) for t in tree)
+        np.testing.assert_allclose(tree[0][key], flat[0][key], rtol=1e-5, atol=1e-5)
+    # between hosts: one bundle per host per step, so each message crosses once
+    payload = steps * sum(len(_message(r, 0)) for r in range(4))
+    tree_crossed = sum(t["crossed"] for t in tree)
+    flat_crossed = sum(f["crossed"] for f in flat)
+    assert payload <= tree_crossed < 1.1 * payload
+    assert flat_crossed > 1.4 * tree_crossed  # contiguous hosts: 6 of 12 hops; alternating: 12
+
+
+def _topology_of(rank, world, exchange, topology, hosts):
+    comm = create_communicator("tcp", rank, world, exchange, secret=SECRET, timeout_s=20,
+                               topology=topology, host_id=hosts[rank])
+    try:
+        return type(comm).__name__, comm.allgather(b"%d" % rank)
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize(("topology", "hosts", "kind"), [
+    ("auto", ["a", "a", "a"], "TcpRingCommunicator"),      # one host
+    ("auto", ["a", "b", "c"], "TcpRingCommunicator"),      # one rank per host
+    ("auto", ["a", "b", "b"], "HierarchicalCommunicator"),
+    ("hierarchical", ["a", "a", "a"], "HierarchicalCommunicator"),
+    ("hierarchical", ["a", "b", "c"], "HierarchicalCommunicator"),
+])
+def test_auto_topology_and_uneven_hosts(topology, hosts, kind):
+    out = values(run_ranks(_topology_of, 3, args=(topology, hosts), timeout=60))
+    assert [o[0] for o in out] == [kind] * 3
+    assert all(o[1] == [b"0", b"1", b"2"] for o in out)
+
+
+def test_wants_hierarchy_and_bad_topology():
+    assert JobConfig().cluster.topology == "auto"
+    with pytest.raises(ValueError, match="topology"):
+        JobConfig(cluster={"topology": "tree"})
+    assert wants_hierarchy("auto", ["x", "x", "y"]) and not wants_hierarchy("flat", ["x", "x"])
+    with pytest.raises(ConfigurationError, match="topology: expected one of"):
+        wants_hierarchy("tree", ["x"])
+    with pytest.raises(ConfigurationError, match="needs transport 'tcp'"):
+        create_communicator("spark", 0, 2, lambda s: [s, s], secret=SECRET, timeout_s=5,
+                            topology="hierarchical")
+
+
+def test_bundle_round_trip_and_malformed_bundles():
+    messages = [b"", b"abc", bytes(range(256))]
+    assert unpack_bundle(pack_bundle(messages), 3) == messages
+    data = pack_bundle(messages)
+    with pytest.raises(CommunicationError, match="expected 2"):
+        unpack_bundle(data, 2)
+    with pytest.raises(CommunicationError, match="add up to"):
+        unpack_bundle(data[:-1], 3)
+    with pytest.raises(CommunicationError, match="no header"):
+        unpack_bundle(b"\x01", 1)
