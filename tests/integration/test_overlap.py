@@ -1,6 +1,9 @@
 """training.overlap on digits: ParallelWrapper and SparkModel (local[2]) against synchronous
-sharing. Tolerance: measured seed-to-seed spread of test accuracy on digits (see the
-``overlap`` benchmark; README) is about 1 pp, so a single seed is held to 1.5 pp."""
+sharing. Tolerance: the digits test set has 374 rows (one row is 0.27 pp); measured with the
+``overlap`` benchmark's runs (2 workers x 32, 6 epochs), overlap minus sync was -0.80 pp
+(seed 1: 0.9599 vs 0.9679) and 0.00 pp (seed 2: 0.9679 both), mean -0.40 pp. One seed's
+difference is a few rows of noise, so a single seed is held to 1.5 pp (0.5 pp is the target
+for the mean over seeds, which the benchmark reports)."""
 
 from __future__ import annotations
 
