@@ -17,6 +17,7 @@ SUITES = {
     "training": "sparkdl.benchmarks.training",
     "reader": "sparkdl.benchmarks.reader",
     "etl": "sparkdl.benchmarks.etl",
+    "iteration": "sparkdl.benchmarks.iteration",
 }
 
 
