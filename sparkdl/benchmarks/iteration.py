@@ -103,6 +103,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 figures[f"{name}_{launcher}_ms_per_step"] = step_s * 1e3
                 figures[f"{name}_{launcher}_fixed_s"] = fixed_s
             table.append([name, one[0] * 1e3, pw[0] * 1e3, sm[0] * 1e3, one[1], pw[1], sm[1]])
+            print(f"{name}: ms/step {one[0] * 1e3:.1f} (one process), {pw[0] * 1e3:.1f} "
+                  f"(ParallelWrapper), {sm[0] * 1e3:.1f} (SparkModel); fixed s {one[1]:.1f}, "
+                  f"{pw[1]:.1f}, {sm[1]:.1f}", flush=True)
     print_table(
         f"time per iteration at global batch {2 * batch} ({rows} rows, {epochs} epochs, "
         f"{figures['cpus']} cores; distributed: 2 workers, gradient sharing)",
