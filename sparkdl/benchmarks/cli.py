@@ -19,6 +19,7 @@ SUITES = {
     "etl": "sparkdl.benchmarks.etl",
     "scaling": "sparkdl.benchmarks.scaling",
     "overlap": "sparkdl.benchmarks.overlap",
+    "iteration": "sparkdl.benchmarks.iteration",
 }
 
 

@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 
-def alternate(
+def alternate_samples(
     candidates: Mapping[str, Callable[[], object]],
     repeats: int = 7,
     warmup: int = 1,
-) -> dict[str, float]:
+) -> dict[str, list[float]]:
     """Time each candidate ``repeats`` times, interleaved (A B C, B C A, C A B, ...), after
-    ``warmup`` untimed rounds; return the median seconds per candidate.
+    ``warmup`` untimed rounds; return every candidate's seconds, round by round.
 
     Interleaving spreads the noise of a shared machine evenly over all candidates, so their
     ratio is meaningful even when absolute times are not; rotating the order each round
@@ -32,7 +32,31 @@ def alternate(
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def alternate(
+    candidates: Mapping[str, Callable[[], object]],
+    repeats: int = 7,
+    warmup: int = 1,
+) -> dict[str, float]:
+    """:func:`alternate_samples`, reduced to the median seconds per candidate."""
+    samples = alternate_samples(candidates, repeats, warmup)
     return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def paired_ratio(reference: Sequence[float], candidate: Sequence[float]) -> float:
+    """Median over rounds of ``reference / candidate`` seconds (> 1: the candidate is faster).
+
+    Each round's two timings ran next to each other, under the same load, so a change of load
+    between rounds (another job on a shared machine starting or ending) cancels in the ratio;
+    a ratio of the two medians would take each median from different rounds.
+    """
+    if len(reference) != len(candidate) or not reference:
+        raise ValueError(
+            f"need the same non-zero number of rounds, got {len(reference)} and {len(candidate)}"
+        )
+    return statistics.median(r / c for r, c in zip(reference, candidate))
 
 
 def format_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
