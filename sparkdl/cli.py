@@ -7,8 +7,8 @@
 without Spark (the same :func:`~sparkdl.preflight.preflight` every stage runs before Spark
 starts) and prints ``{"valid": true, ...}``; a bad one exits 2 with the message on stderr.
 
-``sparkdl samples [DIR]`` writes the sample inputs of ``conf/mnist.yaml``, ``conf/csv.yaml``
-and ``conf/images.yaml`` (default ``data/``, where those confs look).
+``sparkdl samples [DIR]`` writes the sample inputs of ``conf/mnist.yaml``, ``conf/csv.yaml``,
+``conf/diabetes.yaml`` and ``conf/images.yaml`` (default ``data/``, where those confs look).
 
 ``jobs/etl.py``, ``jobs/train.py``, ``jobs/evaluate.py``, ``jobs/predict.py`` and
 ``jobs/pipeline.py`` are this command with the stage fixed, for ``spark-submit``.
@@ -56,8 +56,9 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
 def samples_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="sparkdl samples",
-        description="Write sample inputs for conf/mnist.yaml, conf/csv.yaml and "
-                    "conf/images.yaml, made from scikit-learn's digits and iris.",
+        description="Write sample inputs for conf/mnist.yaml, conf/csv.yaml, "
+                    "conf/diabetes.yaml and conf/images.yaml, made from scikit-learn's digits, "
+                    "iris and diabetes.",
     )
     parser.add_argument("dir", nargs="?", default="data",
                         help="where to write them (default: data, where the confs look)")

@@ -17,14 +17,16 @@ def mlp(
     num_classes: int,
     hidden: Sequence[int] = (128, 64),
     dropout: float = 0.0,
+    output_activation: str = "softmax",
 ) -> keras.Model:
-    """A multilayer perceptron over the flattened input."""
+    """A multilayer perceptron over the flattened input (``output_activation="linear"`` for
+    regression: ``num_classes`` is then the number of targets)."""
     layers: list[Any] = [keras.Input(shape=tuple(input_shape)), keras.layers.Flatten()]
     for units in hidden:
         layers.append(keras.layers.Dense(int(units), activation="relu"))
         if dropout:
             layers.append(keras.layers.Dropout(float(dropout)))
-    layers.append(keras.layers.Dense(num_classes, activation="softmax"))
+    layers.append(keras.layers.Dense(num_classes, activation=output_activation))
     return keras.Sequential(layers, name="mlp")
 
 
