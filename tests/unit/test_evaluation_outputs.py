@@ -65,9 +65,9 @@ def test_evaluation_section_of_the_configuration():
                                                           "top_n:5"]}})
     assert config.evaluation.metrics == ["classification", "roc:100", "top_n:5"]
     assert load_config(data={}).evaluation.metrics == []
-    with pytest.raises(ConfigurationError, match="evaluation.metrics.*unknown evaluation 'f2'"):
+    with pytest.raises(ConfigurationError, match=r"evaluation\.metrics.*unknown evaluation 'f2'"):
         load_config(data={"evaluation": {"metrics": ["f2"]}})
     with pytest.raises(ConfigurationError, match="names an evaluation twice"):
         load_config(data={"evaluation": {"metrics": ["roc", "roc"]}})
-    with pytest.raises(ConfigurationError, match="unknown key 'evaluation.metric'"):
+    with pytest.raises(ConfigurationError, match=r"unknown key 'evaluation\.metric'"):
         load_config(data={"evaluation": {"metric": ["roc"]}})
