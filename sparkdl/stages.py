@@ -113,7 +113,8 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
     import keras
 
     keras.utils.set_random_seed(config.training.seed)  # same seed, same initial weights
-    model = build_model(config.model, metadata.feature_shape, num_outputs)
+    model = build_model(config.model, metadata.feature_shape, num_outputs,
+                        inputs=metadata.inputs, outputs=metadata.outputs)
     spark_model = SparkModel(
         spark, model, master_from_training_config(config.training), cluster=config.cluster
     )

@@ -87,3 +87,21 @@ def test_two_input_two_output_model_trains_and_evaluates_per_output(spark, split
         roc_auc_score(y["digit"], pred["digit"], multi_class="ovr"), abs=1e-6)
     assert ink.mse()[0] == pytest.approx(mean_squared_error(y["ink"], pred["ink"]), rel=1e-4)
     assert ink.r2()[0] == pytest.approx(r2_score(y["ink"], pred["ink"]), abs=1e-4)
+
+
+@pytest.mark.slow  # ETL, train and evaluate stages in a row: about a minute on an idle machine
+def test_digits_split_conf_runs_every_stage(spark, tmp_path):
+    from pathlib import Path
+
+    from sparkdl.config import load_config
+    from sparkdl.stages import run_etl, run_evaluate, run_train
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "digits_split.yaml"
+    config = load_config(conf, [f"data.dir={tmp_path / 'data'}",
+                                f"output.dir={tmp_path / 'run'}", "training.epochs=2"])
+    run_etl(config, spark)
+    run_train(config, spark)
+    metrics = run_evaluate(config, spark)
+    assert 0.0 <= metrics["test_digit_accuracy"] <= 1.0
+    assert np.isfinite(metrics["test_ink_mse"])
+    assert "<td>ink</td>" in (tmp_path / "run" / "report.html").read_text()

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # three stages with a fit and a report: about a minute on an idle machine
 def test_diabetes_conf_trains_and_evaluates_like_scikit_learn(spark, tmp_path):
     import keras
 
