@@ -194,6 +194,12 @@ class SparkModel(KerasFit):
 
         if isinstance(data, str):
             metadata = read_metadata(data)
+            if metadata.multi:
+                raise ConfigurationError(
+                    f"predict() on {data}: shards with several inputs and outputs are not "
+                    "supported yet; evaluate() them, or predict with the Keras model on "
+                    "sparkdl.data.reader.read_all(...)"
+                )
             df = self.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
             feature_shape = metadata.feature_shape
         else:
