@@ -24,7 +24,14 @@ def data_infos(metadata: ShardMetadata) -> dict[str | None, tuple[str, DataInfo]
     if not metadata.multi:
         return {None: (metadata.label_kind,
                        DataInfo(metadata.classes, metadata.label_size))}
-    return {t.name: (t.kind, DataInfo(t.classes, t.size)) for t in metadata.outputs}
+    return {t.name: (t.kind, DataInfo(t.classes, t.size, _column_names(t.name, t.kind, t.size)))
+            for t in metadata.outputs}
+
+
+def _column_names(name: str, kind: str, size: int) -> list[str] | None:
+    if kind == "class":
+        return None
+    return [name] if size == 1 else [f"{name}_{i}" for i in range(size)]
 
 
 def evaluation_plan(
