@@ -57,8 +57,13 @@ def evaluation_plan(
     plan = {}
     for key, (kind, info) in infos.items():
         items = wanted.get(key) or default_metrics(kind)
-        plan[key] = [create_evaluation(e, info) if isinstance(e, str) else e.empty_copy()
-                     for e in items]
+        try:
+            plan[key] = [create_evaluation(e, info) if isinstance(e, str) else e.empty_copy()
+                         for e in items]
+        except ConfigurationError as exc:
+            if key is None:
+                raise
+            raise ConfigurationError(f"{exc} (output {key!r}, {kind})") from None
     return plan
 
 
