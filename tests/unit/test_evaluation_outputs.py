@@ -71,3 +71,29 @@ def test_evaluation_section_of_the_configuration():
         load_config(data={"evaluation": {"metrics": ["roc", "roc"]}})
     with pytest.raises(ConfigurationError, match=r"unknown key 'evaluation\.metric'"):
         load_config(data={"evaluation": {"metric": ["roc"]}})
+
+
+def test_evaluation_plan_per_output_and_its_errors():
+    from pipelines.digits_split import INPUTS, OUTPUTS
+    from sparkdl.data.metadata import ShardFile, ShardMetadata, packed_metadata_fields
+    from sparkdl.errors import DataError
+    from sparkdl.evaluation.plan import by_output, evaluation_plan
+
+    meta = ShardMetadata(format_version=2, num_rows=1, files=[ShardFile("p", 1, [1])],
+                         **packed_metadata_fields(INPUTS, OUTPUTS))
+    plan = evaluation_plan(meta, {"digit": ["classification", "top_n:3"]})
+    assert [e.kind for e in plan["digit"]] == ["classification", "top_n"]
+    assert [e.kind for e in plan["ink"]] == ["regression"] and plan["ink"][0].columns == ["ink"]
+    with pytest.raises(ConfigurationError, match="no output named 'dgt'"):
+        evaluation_plan(meta, {"dgt": ["roc"]})
+    with pytest.raises(ConfigurationError, match=r"roc needs class labels.*output 'ink'"):
+        evaluation_plan(meta, ["roc"])
+
+    class TwoHeads:
+        output_names = ["digit", "ink"]
+
+    y = {"digit": np.array([1]), "ink": np.array([[0.5]])}
+    matched = by_output(TwoHeads(), [np.eye(10)[[1]], np.array([[0.4]])], y)
+    assert matched["ink"][1].tolist() == [[0.4]] and matched["digit"][0].tolist() == [1]
+    with pytest.raises(DataError, match="output 'ink' is not an output of the model"):
+        by_output(TwoHeads(), {"digit": np.eye(10)[[1]]}, y)
