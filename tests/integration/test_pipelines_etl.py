@@ -126,7 +126,7 @@ def test_iris_job_end_to_end(tmp_path: Path) -> None:
 
 
 def test_samples_command_feeds_every_conf(spark, tmp_path: Path) -> None:
-    """``sparkdl samples DIR`` writes inputs for the mnist, csv and images confs, and each
+    """``sparkdl samples DIR`` writes inputs for the mnist, csv, diabetes and images confs, and each
     conf's ETL stage runs on them as a user would run it."""
     from sparkdl.cli import main
     from sparkdl.config import load_config
