@@ -10,6 +10,7 @@ from sparkdl.errors import ConfigurationError
 
 PIPELINES: dict[str, str] = {
     "digits": "pipelines.digits:run",
+    "digits_split": "pipelines.digits_split:run",
     "iris": "pipelines.iris:run",
     "mnist": "pipelines.mnist:run",
     "csv": "pipelines.csvfile:run",

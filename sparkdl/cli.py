@@ -37,7 +37,7 @@ STAGES = {
 }
 RESUMABLE = ("train", "pipeline")
 TOOLS = {
-    "samples": "write the sample inputs of the mnist, csv and images confs (no Spark)",
+    "samples": "write the sample inputs of the mnist, csv, diabetes and images confs (no Spark)",
     "benchmark": "run a benchmark suite: sparkdl benchmark SUITE [--json PATH] [--quick]",
     "report": "(re)write RUN_DIR/report.html from its metrics.json and evaluation.json",
     "validate": "check a configuration without starting Spark",
@@ -171,7 +171,7 @@ def run_stage(args: argparse.Namespace) -> int:
 
 
 def run_samples(args: argparse.Namespace) -> int:
-    """Write the sample inputs (made from scikit-learn's digits and iris)."""
+    """Write the sample inputs (made from scikit-learn's digits, iris and diabetes)."""
     from sparkdl.etl.samples import write_samples
 
     try:

@@ -191,6 +191,33 @@ class TrainingConfig(_Section):
     decode_threads: int = Field(default=2, ge=1)
 
 
+class EvaluationConfig(_Section):
+    """What the evaluate stage computes over the test shards, in one pass.
+
+    ``metrics`` names registered evaluations (``classification``, ``top_n:5``, ``roc``,
+    ``roc:200`` for binned ROC, ``roc_binary``, ``roc_multiclass``, ``binary``,
+    ``regression``); empty means ``classification`` for class labels and ``regression`` for
+    regression targets.
+    """
+
+    metrics: list[str] = Field(default_factory=list)
+    batch_size: int = Field(default=256, ge=1)
+
+    @field_validator("metrics")
+    @classmethod
+    def _known(cls, value: list[str]) -> list[str]:
+        from sparkdl.evaluation import parse_spec
+
+        for spec in value:
+            try:
+                parse_spec(spec)
+            except ConfigurationError as exc:
+                raise ValueError(str(exc).removeprefix("evaluation.metrics: ")) from None
+        if len(set(value)) != len(value):
+            raise ValueError(f"names an evaluation twice: {value}")
+        return value
+
+
 class OutputConfig(_Section):
     dir: str = "runs/digits"
 
@@ -210,6 +237,7 @@ class JobConfig(_Section):
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 

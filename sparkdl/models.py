@@ -9,6 +9,7 @@ from typing import Any
 import keras
 
 from sparkdl.config import ModelConfig
+from sparkdl.data.metadata import TensorSpec
 from sparkdl.errors import ConfigurationError
 
 
@@ -17,15 +18,41 @@ def mlp(
     num_classes: int,
     hidden: Sequence[int] = (128, 64),
     dropout: float = 0.0,
+    output_activation: str = "softmax",
 ) -> keras.Model:
-    """A multilayer perceptron over the flattened input."""
+    """A multilayer perceptron over the flattened input (``output_activation="linear"`` for
+    regression: ``num_classes`` is then the number of targets)."""
     layers: list[Any] = [keras.Input(shape=tuple(input_shape)), keras.layers.Flatten()]
     for units in hidden:
         layers.append(keras.layers.Dense(int(units), activation="relu"))
         if dropout:
             layers.append(keras.layers.Dropout(float(dropout)))
-    layers.append(keras.layers.Dense(num_classes, activation="softmax"))
+    layers.append(keras.layers.Dense(num_classes, activation=output_activation))
     return keras.Sequential(layers, name="mlp")
+
+
+def multi_mlp(
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    hidden: Sequence[int] = (128, 64),
+    dropout: float = 0.0,
+) -> keras.Model:
+    """The MLP for shards with several named inputs and outputs: each input flattened, all
+    concatenated, shared hidden layers, one head per output (softmax over a class output's
+    classes, linear for a regression output), every layer named after its input or output."""
+    tensors = {t.name: keras.Input(shape=tuple(t.shape), name=t.name) for t in inputs}
+    flat = [keras.layers.Flatten(name=f"{name}_flat")(x) for name, x in tensors.items()]
+    x = keras.layers.Concatenate(name="inputs")(flat) if len(flat) > 1 else flat[0]
+    for units in hidden:
+        x = keras.layers.Dense(int(units), activation="relu")(x)
+        if dropout:
+            x = keras.layers.Dropout(float(dropout))(x)
+    heads = {t.name: keras.layers.Dense(len(t.classes), activation="softmax", name=t.name)(x)
+             if t.kind == "class" else
+             keras.layers.Reshape(tuple(t.shape), name=t.name)(
+                 keras.layers.Dense(t.size, name=f"{t.name}_dense")(x))
+             for t in outputs}
+    return keras.Model(tensors, heads, name="multi_mlp")
 
 
 def lenet(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 10) -> keras.Model:
@@ -64,11 +91,27 @@ def resolve_builder(name: str) -> Callable[..., keras.Model]:
         raise ConfigurationError(f"model.name: cannot import {name!r}: {exc}") from None
 
 
-def build_model(config: ModelConfig, input_shape: Sequence[int], num_classes: int) -> keras.Model:
-    """Build and compile the model ``config`` describes for the given data."""
-    builder = resolve_builder(config.name)
+def build_model(config: ModelConfig, input_shape: Sequence[int], num_classes: int, *,
+                inputs: Sequence[TensorSpec] = (), outputs: Sequence[TensorSpec] = ()
+                ) -> keras.Model:
+    """Build and compile the model ``config`` describes for the given data.
+
+    For shards with several named ``inputs`` and ``outputs`` the built-in ``mlp`` becomes
+    :func:`multi_mlp`, compiled with one loss per output (sparse categorical cross-entropy for
+    class outputs, MSE for regression outputs); other models take such data through
+    ``SparkModel`` with a functional Keras model of the same input and output names.
+    """
+    if inputs and config.name != "mlp":
+        raise ConfigurationError(
+            f"model.name: {config.name!r} takes one input; shards with several inputs and "
+            f"outputs train the built-in 'mlp' here, or a functional Keras model through "
+            f"SparkModel"
+        )
+    builder = multi_mlp if inputs else resolve_builder(config.name)
+    shapes = {"inputs": inputs, "outputs": outputs} if inputs else {
+        "input_shape": input_shape, "num_classes": num_classes}
     try:
-        model = builder(input_shape=input_shape, num_classes=num_classes, **config.params)
+        model = builder(**shapes, **config.params)
     except TypeError as exc:
         raise ConfigurationError(f"model.params: {exc}") from None
     try:
@@ -78,6 +121,11 @@ def build_model(config: ModelConfig, input_shape: Sequence[int], num_classes: in
         )
     except ValueError as exc:
         raise ConfigurationError(f"model.optimizer.name: {exc}") from None
-    metrics = ["accuracy"] if "categorical" in config.loss else []
-    model.compile(optimizer=optimizer, loss=config.loss, metrics=metrics)
+    if inputs:
+        loss: Any = {t.name: "sparse_categorical_crossentropy" if t.kind == "class" else "mse"
+                     for t in outputs}
+        metrics: Any = {t.name: ["accuracy"] for t in outputs if t.kind == "class"}
+    else:
+        loss, metrics = config.loss, ["accuracy"] if "categorical" in config.loss else []
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
     return model

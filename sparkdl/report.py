@@ -64,6 +64,11 @@ _HEADLINE = (
     ("final_loss", "final loss"),
     ("test_accuracy", "test accuracy"),
     ("test_macro_f1", "test macro F1"),
+    ("test_top_5_accuracy", "test top-5 accuracy"),
+    ("test_auroc", "test AUROC"),
+    ("test_macro_auroc", "test macro AUROC"),
+    ("test_rmse", "test RMSE"),
+    ("test_r2", "test R²"),
     ("test_examples", "test examples"),
     ("replicas_identical", "replicas identical"),
 )
@@ -161,7 +166,8 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Evaluatio
     if evaluation_path.is_file():
         data = _read_json(evaluation_path)
         try:
-            evaluation = Evaluation.from_dict(data)
+            if "num_classes" in data or not ({"evaluations", "outputs"} & set(data)):
+                evaluation = Evaluation.from_dict(data)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{evaluation_path} is not an evaluation: {exc}") from None
     return metrics, evaluation
@@ -184,6 +190,9 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
         if evaluation is not None:
             sections.append(_section("Confusion matrix (test data)", _confusion(evaluation)))
             sections.append(_section("Per-class figures (test data)", _class_table(evaluation)))
+        figures = _evaluation_figures(Path(run_dir) / EVALUATION_FILE)
+        if figures:
+            sections.append(_section("Evaluations (test data)", figures))
     body = [_headline_table(metrics, history), f'<div class="plots">{"".join(sections)}</div>',
             _history_table(history) if history else ""]
     name = html.escape(Path(run_dir).resolve().name)
@@ -377,6 +386,29 @@ def _class_table(evaluation: Evaluation) -> str:
         for i, label in enumerate(evaluation.labels)
     )
     return f'<table class="grid">{head}{body}</table>'
+
+
+def _evaluation_figures(path: Path) -> str:
+    """A table of every evaluation's headline figures (``evaluation.json``'s ``evaluations``
+    or per-output ``outputs``); empty for an evaluation file without them."""
+    from sparkdl.evaluation import evaluation_from_dict
+
+    if not path.is_file():
+        return ""
+    data = _read_json(path)
+    groups = data.get("outputs") or {"": data.get("evaluations") or []}
+    rows = []
+    for output, values in groups.items():
+        for value in values:
+            evaluation = evaluation_from_dict(value, source=str(path))
+            for name, figure in evaluation.summary().items():
+                rows.append(f"<tr><td>{html.escape(output)}</td>"
+                            f"<td>{html.escape(evaluation.kind)}</td>"
+                            f"<td>{html.escape(name)}</td><td>{_format(figure)}</td></tr>")
+    if not rows:
+        return ""
+    head = "<tr><th>output</th><th>evaluation</th><th>figure</th><th>value</th></tr>"
+    return f'<table class="grid">{head}{"".join(rows)}</table>'
 
 
 def _history_table(history: Mapping[str, list[float]]) -> str:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from sparkdl.config import ClusterConfig
 from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, TrainingError
-from sparkdl.evaluation import Evaluation
+from sparkdl.evaluation import evaluation_from_dict
+from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
 from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
 
@@ -98,47 +99,71 @@ class SparkModel(KerasFit):
 
     # Evaluation and inference ----------------------------------------------------------
 
-    def evaluate(self, data_uri: str, batch_size: int = 256) -> Evaluation:
-        """Evaluate the current model on a shard directory, on the executors."""
+    def evaluate(
+        self,
+        data_uri: str,
+        batch_size: int = 256,
+        *,
+        evaluations: EvaluationRequest | None = None,
+    ) -> Any:
+        """Evaluate the current model on a shard directory, on the executors, in one pass.
+
+        Args:
+            data_uri: the shard directory.
+            batch_size: rows per prediction batch.
+            evaluations: ``None`` for the default evaluation of the labels (an
+                :class:`~sparkdl.evaluation.Evaluation` for classes, a
+                :class:`~sparkdl.evaluation.RegressionEvaluation` for regression targets),
+                returned alone. Or a list of evaluations and/or registered names
+                (``["classification", "roc", "top_n:5"]``): all are computed in the same pass
+                and returned merged, as a list in the same order. For shards with several
+                outputs, a dict of such lists by output name (a missing output gets its
+                default); the result is then a dict by output name.
+        """
         from sparkdl.training.serialization import model_to_bytes
 
         metadata = read_metadata(data_uri)
-        if metadata.label_kind != "class":
-            raise ConfigurationError(
-                f"evaluate() computes classification metrics; {data_uri} holds "
-                f"{metadata.label_kind} labels"
-            )
+        plan = evaluation_plan(metadata, evaluations)
+        templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
         sc = self.spark.sparkContext
         model_broadcast = sc.broadcast(model_to_bytes(self.model))
         files = [f.path for f in metadata.files]
         threads = self._task_cpus()
         custom_objects = self.custom_objects
-        num_classes = metadata.num_classes
-        labels = metadata.classes
 
         def evaluate_partition(paths):
             from sparkdl.data.reader import iter_batches
+            from sparkdl.evaluation import evaluation_from_dict
 
             paths = list(paths)
-            evaluation = Evaluation(num_classes, labels)
+            parts = {key: [evaluation_from_dict(d) for d in values]
+                     for key, values in templates.items()}
             if paths:
                 model = _load_task_model(model_broadcast.value, custom_objects, threads)
                 for x, y in iter_batches(data_uri, paths, batch_size):
-                    evaluation.eval(y, model.predict_on_batch(x))
-            yield evaluation.to_dict()
+                    outputs = by_output(model, model.predict_on_batch(x), y)
+                    for key, values in parts.items():
+                        for evaluation in values:
+                            evaluation.eval(*outputs[key])
+            yield {key: [e.to_dict() for e in values] for key, values in parts.items()}
 
         try:
-            parts = (
+            results = (
                 sc.parallelize(files, max(1, min(len(files), sc.defaultParallelism)))
                 .mapPartitions(evaluate_partition)
                 .collect()
             )
         finally:
             model_broadcast.unpersist()
-        total = Evaluation(num_classes, labels)
-        for part in parts:
-            total.merge(Evaluation.from_dict(part))
-        return total
+        for result in results:
+            for key, values in plan.items():
+                for total, part in zip(values, result[key], strict=True):
+                    total.merge(evaluation_from_dict(part))
+        if evaluations is None and not metadata.multi:
+            return plan[None][0]
+        if not metadata.multi:
+            return plan[None]
+        return plan if evaluations is not None else {k: v[0] for k, v in plan.items()}
 
     def predict(
         self,
@@ -169,6 +194,12 @@ class SparkModel(KerasFit):
 
         if isinstance(data, str):
             metadata = read_metadata(data)
+            if metadata.multi:
+                raise ConfigurationError(
+                    f"predict() on {data}: shards with several inputs and outputs are not "
+                    "supported yet; evaluate() them, or predict with the Keras model on "
+                    "sparkdl.data.reader.read_all(...)"
+                )
             df = self.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
             feature_shape = metadata.feature_shape
         else:

@@ -113,7 +113,8 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
     import keras
 
     keras.utils.set_random_seed(config.training.seed)  # same seed, same initial weights
-    model = build_model(config.model, metadata.feature_shape, num_outputs)
+    model = build_model(config.model, metadata.feature_shape, num_outputs,
+                        inputs=metadata.inputs, outputs=metadata.outputs)
     spark_model = SparkModel(
         spark, model, master_from_training_config(config.training), cluster=config.cluster
     )
@@ -167,19 +168,62 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     spark_model = SparkModel(
         spark, model, master_from_training_config(config.training), cluster=config.cluster
     )
-    evaluation = spark_model.evaluate(test_uri)
-    print(evaluation.stats(), file=sys.stderr, flush=True)  # stdout carries the result JSON
-    _write_json_atomically(out / EVALUATION_FILE, {**evaluation.to_dict(), "test_data": test_uri})
+    per_output = evaluate_configured(spark_model, test_uri, config)
+    for name, evaluations in per_output.items():
+        for evaluation in evaluations:  # stdout carries the result JSON
+            print((f"[output {name}]\n" if name else "") + evaluation.stats(), file=sys.stderr,
+                  flush=True)
+    _write_json_atomically(out / EVALUATION_FILE, {**evaluation_document(per_output),
+                                                   "test_data": test_uri})
     metrics_path = out / METRICS_FILE
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
-    metrics.update(
-        test_accuracy=evaluation.accuracy(),
-        test_macro_f1=evaluation.macro_f1(),
-        test_examples=evaluation.count,
-    )
+    metrics.update(headline_figures(per_output))
     _write_json_atomically(metrics_path, metrics)
     write_report(out)
     return metrics
+
+
+def evaluate_configured(spark_model: Any, test_uri: str, config: JobConfig
+                        ) -> dict[str | None, list[Any]]:
+    """Run ``evaluation.metrics`` (or the labels' default) over ``test_uri`` in one pass:
+    the merged evaluations by output name (``None`` for single-output shards)."""
+    from sparkdl.data.files import read_metadata
+    from sparkdl.evaluation.plan import default_metrics
+
+    metadata = read_metadata(test_uri)
+    metrics = list(config.evaluation.metrics)
+    batch_size = config.evaluation.batch_size
+    if metadata.multi:
+        return spark_model.evaluate(test_uri, batch_size, evaluations=metrics or {})
+    request = metrics or default_metrics(metadata.label_kind)
+    return {None: spark_model.evaluate(test_uri, batch_size, evaluations=request)}
+
+
+def evaluation_document(per_output: dict[str | None, list[Any]]) -> dict[str, Any]:
+    """``evaluation.json``: every evaluation's dict (``evaluations``, or ``outputs`` by name
+    for several outputs); a classification's fields also at the top, as before."""
+    if None not in per_output:
+        return {"outputs": {name: [e.to_dict() for e in values]
+                            for name, values in per_output.items()}}
+    values = per_output[None]
+    first = next((e for e in values if e.kind == "classification"), None)
+    return {**(first.to_dict() if first else {}), "evaluations": [e.to_dict() for e in values]}
+
+
+def headline_figures(per_output: dict[str | None, list[Any]]) -> dict[str, float]:
+    """The headline figures for ``metrics.json``: ``test_<figure>`` (``test_<output>_<figure>``
+    for several outputs), and ``test_examples``."""
+    figures: dict[str, float] = {}
+    for name, values in per_output.items():
+        prefix = f"test_{name}_" if name else "test_"
+        for evaluation in values:
+            for key, value in evaluation.summary().items():
+                figures[f"{prefix}{key}"] = value
+    count = next((e.count for values in per_output.values() for e in values
+                  if isinstance(getattr(e, "count", None), int)), None)
+    if count is not None:
+        figures["test_examples"] = count
+    return figures
 
 
 def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
@@ -236,7 +280,7 @@ def run_pipeline(
         "metrics": str(out / METRICS_FILE),
         "history": str(out / HISTORY_FILE),
         "report": str(out / REPORT_FILE),
-        "test_accuracy": metrics["test_accuracy"],
+        "test_accuracy": metrics.get("test_accuracy"),
         "samples_per_second": metrics["samples_per_second"],
     }
     if config.tracking.mlflow:

@@ -74,6 +74,9 @@ def _is_float_list(t: pa.DataType) -> bool:
 
 
 def validate_schema(schema: pa.Schema, metadata: ShardMetadata, source: str) -> None:
+    if metadata.multi:
+        _validate_multi_schema(schema, metadata, source)
+        return
     for name in (FEATURES, LABEL):
         if schema.get_field_index(name) < 0:
             raise DataError(
@@ -90,6 +93,20 @@ def validate_schema(schema: pa.Schema, metadata: ShardMetadata, source: str) -> 
         raise DataError(
             f"{source}: column 'label' must be list<float32> for regression, got {ltype}"
         )
+
+
+def _validate_multi_schema(schema: pa.Schema, metadata: ShardMetadata, source: str) -> None:
+    for spec in (*metadata.inputs, *metadata.outputs):
+        if schema.get_field_index(spec.name) < 0:
+            raise DataError(
+                f"{source}: missing column {spec.name!r} (columns: {', '.join(schema.names)})"
+            )
+        got = schema.field(spec.name).type
+        if spec.kind == "class" and not pa.types.is_integer(got):
+            raise DataError(f"{source}: column {spec.name!r} must be int64 class indices, "
+                            f"got {got}")
+        if spec.kind != "class" and not _is_float_list(got):
+            raise DataError(f"{source}: column {spec.name!r} must be list<float32>, got {got}")
 
 
 def listed_file(uri: str, metadata: ShardMetadata, path: str) -> ShardFile:
@@ -142,7 +159,7 @@ class ShardFileHandle:
     def read_group(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         try:
             table = self._file.read_row_group(
-                index, columns=[FEATURES, LABEL], use_threads=False  # we decode in parallel
+                index, columns=self.metadata.columns, use_threads=False  # decoded in parallel
             )
         except (OSError, pa.ArrowException) as exc:
             raise DataError(
@@ -154,7 +171,7 @@ class ShardFileHandle:
 
     def read_all(self) -> tuple[np.ndarray, np.ndarray]:
         try:
-            table = self._file.read(columns=[FEATURES, LABEL])
+            table = self._file.read(columns=self.metadata.columns)
         except (OSError, pa.ArrowException) as exc:
             raise DataError(
                 f"cannot read shard file {self.source} (corrupt or changed bytes): {exc}"
@@ -173,18 +190,18 @@ def verify_files(uri: str, metadata: ShardMetadata) -> None:
     column, a wrong type, row groups that differ from the metadata, or schema drift (a file
     whose ``features`` / ``label`` types differ from the first file's).
     """
-    first: tuple[str, pa.DataType, pa.DataType] | None = None
+    first: tuple[str, list[pa.DataType]] | None = None
     for entry in metadata.files:
         handle = ShardFileHandle(uri, entry.path, metadata)
         try:
             schema = handle._file.schema_arrow
-            types = (schema.field(FEATURES).type, schema.field(LABEL).type)
+            types = [schema.field(name).type for name in metadata.columns]
         finally:
             handle.close()
         if first is None:
-            first = (handle.source, *types)
+            first = (handle.source, types)
             continue
-        for name, want, got in zip((FEATURES, LABEL), first[1:], types):
+        for name, want, got in zip(metadata.columns, first[1], types):
             if want != got:
                 raise DataError(
                     f"schema drift: shard file {handle.source} has column {name!r} of type "
@@ -195,6 +212,8 @@ def verify_files(uri: str, metadata: ShardMetadata) -> None:
 def _convert(
     table: pa.Table, metadata: ShardMetadata, source: str, first_row: int, *, check: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
+    if metadata.multi:
+        return _convert_multi(table, metadata, source, first_row, check=check)
     x = _list_to_numpy(
         table.column(FEATURES), metadata.feature_size,
         name=FEATURES, source=source, first_row=first_row,
@@ -211,6 +230,40 @@ def _convert(
         ).reshape(len(x), *metadata.label_shape)
     if check:
         check_values(x, y, metadata, source, first_row)
+    return x, y
+
+
+def _convert_multi(
+    table: pa.Table, metadata: ShardMetadata, source: str, first_row: int, *, check: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The packed rows of a multi-input/output row group (see :mod:`sparkdl.data.metadata`)."""
+    packed = []
+    for specs in (metadata.inputs, metadata.outputs):
+        parts = []
+        for spec in specs:
+            column = table.column(spec.name)
+            if spec.kind != "class":
+                parts.append(_list_to_numpy(column, spec.size, name=spec.name, source=source,
+                                            first_row=first_row))
+                continue
+            if column.null_count:
+                raise DataError(f"{source}: column {spec.name!r} has {column.null_count} "
+                                f"null values")
+            index = column.to_numpy().astype(np.int64, copy=False)
+            if check and len(index):
+                bad = np.flatnonzero((index < 0) | (index >= len(spec.classes)))
+                if bad.size:
+                    raise DataError(
+                        f"{source}: column {spec.name!r} row {first_row + int(bad[0])} holds "
+                        f"{int(index[bad[0]])}, outside its {len(spec.classes)} classes"
+                    )
+            parts.append(index.astype(np.float32)[:, None])
+        packed.append(np.concatenate(parts, axis=1) if parts else
+                      np.empty((table.num_rows, 0), np.float32))
+    x, y = packed
+    if check and len(x):
+        _check_finite(x, "inputs", source, first_row)
+        _check_finite(y, "outputs", source, first_row)
     return x, y
 
 

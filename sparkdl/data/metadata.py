@@ -4,6 +4,15 @@ A shard directory holds plain Parquet files (columns ``features``: ``list<float3
 flattened feature tensor, and ``label``: ``int64`` class index or ``list<float32>`` for
 regression) plus ``_sparkdl.json``, described by :class:`ShardMetadata`.
 
+Format version 2 adds *multi-input / multi-output* shards (DL4J's MultiDataSet): ``inputs``
+and ``outputs`` list named columns (:class:`TensorSpec`: name, shape, kind, classes), each
+stored as its own Parquet column named after it (inputs and regression outputs
+``list<float32>``, class outputs ``int64``). For those shards the single-tensor fields
+describe the *packed row* the reader works with internally (all inputs' values
+concatenated in order as ``feature_shape``; all outputs' values as a ``regression`` label of
+``label_shape``), and readers yield dicts keyed by input and output names. Version 1 files
+are still read.
+
 This module runs inside training workers: it imports pyarrow only, never Spark or TensorFlow.
 """
 
@@ -20,8 +29,55 @@ import pyarrow.fs as pafs
 from sparkdl.errors import DataError
 
 METADATA_FILE = "_sparkdl.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 LABEL_KINDS = ("class", "regression")
+INPUT_KIND = "features"
+
+
+@dataclass
+class TensorSpec:
+    """One named input or output column of a multi-input/output shard directory.
+
+    ``kind`` is ``features`` for inputs, ``class`` (an ``int64`` class index, ``classes``
+    names them) or ``regression`` (``list<float32>`` of ``shape``) for outputs.
+    """
+
+    name: str
+    shape: list[int]
+    kind: str = INPUT_KIND
+    classes: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        """Values per row: 1 for a class index, else ``prod(shape)``."""
+        return 1 if self.kind == "class" else math.prod(self.shape)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> TensorSpec:
+        if not isinstance(data, dict) or "name" not in data:
+            raise DataError(f"{source}: expected an object with a 'name', got {data!r}")
+        try:
+            return cls(name=str(data["name"]), shape=[int(d) for d in data.get("shape", [])],
+                       kind=str(data.get("kind", INPUT_KIND)),
+                       classes=[str(c) for c in data.get("classes", [])])
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{source}: bad value in {data!r}: {exc}") from None
+
+    def validate(self, source: str, *, output: bool) -> None:
+        kinds = LABEL_KINDS if output else (INPUT_KIND,)
+        if not self.name or not self.name.replace("_", "").isalnum():
+            raise DataError(f"{source}: name {self.name!r} must be letters, digits and '_'")
+        if self.kind not in kinds:
+            raise DataError(f"{source}: {self.name}: kind must be one of {kinds}, "
+                            f"got {self.kind!r}")
+        if self.kind == "class":
+            if not self.classes or self.shape:
+                raise DataError(f"{source}: {self.name}: a class output needs 'classes' and "
+                                f"an empty 'shape', got {self.classes} and {self.shape}")
+        elif not self.shape or any(d <= 0 for d in self.shape) or self.classes:
+            raise DataError(f"{source}: {self.name}: needs positive 'shape' dims and no "
+                            f"'classes', got {self.shape} and {self.classes}")
 
 
 @dataclass
@@ -48,6 +104,27 @@ class ShardMetadata:
     normalizer: dict[str, Any] | None = None
     transform: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    inputs: list[TensorSpec] = field(default_factory=list)
+    outputs: list[TensorSpec] = field(default_factory=list)
+
+    @property
+    def multi(self) -> bool:
+        """Whether the shards hold several named inputs and outputs (a MultiDataSet)."""
+        return bool(self.inputs)
+
+    @property
+    def columns(self) -> list[str]:
+        """The Parquet columns a reader reads, in packing order."""
+        if self.multi:
+            return [t.name for t in (*self.inputs, *self.outputs)]
+        return ["features", "label"]
+
+    def unpack(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """A batch as the model takes it: packed rows of multi shards split into dicts keyed
+        by input and output names (class outputs as ``int64``); single shards unchanged."""
+        if not self.multi:
+            return x, y
+        return _split(x, self.inputs), _split(y, self.outputs)
 
     @property
     def num_classes(self) -> int:
@@ -90,10 +167,10 @@ class ShardMetadata:
         if "format_version" not in data:
             raise DataError(f"{source}: missing key 'format_version'")
         version = data["format_version"]
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise DataError(
                 f"{source}: unsupported format_version {version!r} "
-                f"(this sparkdl reads format_version {FORMAT_VERSION})"
+                f"(this sparkdl reads format_version {', '.join(map(str, READABLE_VERSIONS))})"
             )
         required = (
             "feature_shape", "feature_dtype", "label_kind", "classes",
@@ -123,6 +200,10 @@ class ShardMetadata:
                 normalizer=data.get("normalizer"),
                 transform=data.get("transform"),
                 extra=dict(data.get("extra") or {}),
+                inputs=[TensorSpec.from_dict(t, f"{source}: inputs")
+                        for t in data.get("inputs") or []],
+                outputs=[TensorSpec.from_dict(t, f"{source}: outputs")
+                         for t in data.get("outputs") or []],
             )
         except (TypeError, ValueError) as exc:
             raise DataError(f"{source}: bad value: {exc}") from None
@@ -169,9 +250,56 @@ class ShardMetadata:
                     f"{source}: file {f.path}: row_groups sum to {sum(f.row_groups)}, "
                     f"but rows is {f.rows}"
                 )
+        self._validate_multi(source)
         total = sum(f.rows for f in self.files)
         if total != self.num_rows:
             raise DataError(f"{source}: files hold {total} rows, but num_rows is {self.num_rows}")
+
+    def _validate_multi(self, source: str) -> None:
+        if bool(self.inputs) != bool(self.outputs):
+            raise DataError(f"{source}: 'inputs' and 'outputs' go together; got "
+                            f"{len(self.inputs)} inputs and {len(self.outputs)} outputs")
+        if not self.multi:
+            return
+        if self.format_version < 2:
+            raise DataError(f"{source}: 'inputs' and 'outputs' need format_version 2")
+        names = [t.name for t in (*self.inputs, *self.outputs)]
+        if len(set(names)) != len(names):
+            raise DataError(f"{source}: input and output names must be unique, got {names}")
+        for spec in self.inputs:
+            spec.validate(f"{source}: inputs", output=False)
+        for spec in self.outputs:
+            spec.validate(f"{source}: outputs", output=True)
+        packed = ([sum(t.size for t in self.inputs)], [sum(t.size for t in self.outputs)])
+        if (self.feature_shape, self.label_shape) != packed or self.label_kind != "regression":
+            raise DataError(
+                f"{source}: a multi-input/output shard's feature_shape, label_shape and "
+                f"label_kind must describe the packed row: {packed[0]}, {packed[1]} and "
+                f"'regression', got {self.feature_shape}, {self.label_shape} and "
+                f"{self.label_kind!r}"
+            )
+
+
+def packed_metadata_fields(inputs: list[TensorSpec], outputs: list[TensorSpec]
+                           ) -> dict[str, Any]:
+    """The single-tensor fields of a multi-input/output :class:`ShardMetadata`."""
+    return {"feature_shape": [sum(t.size for t in inputs)], "feature_dtype": "float32",
+            "label_kind": "regression", "classes": [],
+            "label_shape": [sum(t.size for t in outputs)], "inputs": list(inputs),
+            "outputs": list(outputs)}
+
+
+def _split(packed: Any, specs: list[TensorSpec]) -> dict[str, Any]:
+    import numpy as np
+
+    out, start = {}, 0
+    rows = len(packed)
+    for spec in specs:
+        part = packed[:, start : start + spec.size]
+        start += spec.size
+        out[spec.name] = (part[:, 0].astype(np.int64) if spec.kind == "class"
+                          else part.reshape(rows, *spec.shape))
+    return out
 
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:

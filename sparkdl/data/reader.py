@@ -431,7 +431,7 @@ class ShardReader:
         emitted = 0
         try:
             for batch in batches:
-                yield batch
+                yield self.metadata.unpack(*batch)
                 emitted += 1
                 if emitted == self.steps_per_epoch:
                     return
@@ -471,8 +471,9 @@ def read_all(
         for h in parts:
             h.close()
     if not arrays:
-        return empty_arrays(metadata)
-    return np.concatenate([a[0] for a in arrays]), np.concatenate([a[1] for a in arrays])
+        return metadata.unpack(*empty_arrays(metadata))
+    return metadata.unpack(np.concatenate([a[0] for a in arrays]),
+                           np.concatenate([a[1] for a in arrays]))
 
 
 def iter_batches(
@@ -505,7 +506,8 @@ def iter_batches(
     )
     chunks = fetcher.fetch(pieces)
     try:
-        yield from _batches_in_order(chunks, batch_size, stats, last_partial=True)
+        for x, y in _batches_in_order(chunks, batch_size, stats, last_partial=True):
+            yield metadata.unpack(x, y)
     finally:
         chunks.close()
         fetcher.close()
@@ -517,6 +519,12 @@ def to_tf_dataset(reader: ShardReader, epoch: int) -> Any:
 
     meta = reader.metadata
     bs = reader.batch_size
+    if meta.multi:
+        x_spec, y_spec = ({t.name: _tensor_spec(tf, bs, t.kind, t.shape) for t in specs}
+                          for specs in (meta.inputs, meta.outputs))
+        return tf.data.Dataset.from_generator(
+            lambda: reader.epoch(epoch), output_signature=(x_spec, y_spec)
+        ).apply(tf.data.experimental.assert_cardinality(reader.steps_per_epoch))
     x_spec = tf.TensorSpec((bs, *meta.feature_shape), tf.float32)
     if meta.label_kind == "class":
         y_spec = tf.TensorSpec((bs,), tf.int64)
@@ -526,3 +534,9 @@ def to_tf_dataset(reader: ShardReader, epoch: int) -> Any:
         lambda: reader.epoch(epoch), output_signature=(x_spec, y_spec)
     )
     return dataset.apply(tf.data.experimental.assert_cardinality(reader.steps_per_epoch))
+
+
+def _tensor_spec(tf: Any, batch_size: int, kind: str, shape: list[int]) -> Any:
+    if kind == "class":
+        return tf.TensorSpec((batch_size,), tf.int64)
+    return tf.TensorSpec((batch_size, *shape), tf.float32)

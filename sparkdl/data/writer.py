@@ -27,7 +27,9 @@ from sparkdl.data.metadata import (
     METADATA_FILE,
     ShardFile,
     ShardMetadata,
+    TensorSpec,
     join,
+    packed_metadata_fields,
     resolve,
     write_metadata,
 )
@@ -260,7 +262,7 @@ def write_shards(
     df: DataFrame,
     uri: str,
     *,
-    feature_shape: Sequence[int],
+    feature_shape: Sequence[int] = (),
     label_kind: str = "class",
     classes: Sequence[str] = (),
     num_files: int | None = None,
@@ -273,6 +275,8 @@ def write_shards(
     label_shape: Sequence[int] | None = None,
     num_workers: int | None = None,
     row_group_bytes: int | None = None,
+    inputs: Sequence[TensorSpec | dict[str, Any]] | None = None,
+    outputs: Sequence[TensorSpec | dict[str, Any]] | None = None,
 ) -> ShardMetadata:
     """Validate ``df`` (columns ``features``, ``label``); write it atomically as shards at ``uri``.
 
@@ -288,11 +292,24 @@ def write_shards(
     Every data page carries a CRC that the reader verifies.
     Executor-side data errors (e.g. from a CSV or image reader upstream) surface as one
     :class:`DataError`. Returns the metadata written to ``_sparkdl.json``.
+
+    Several named inputs and outputs (a MultiDataSet): pass ``inputs`` and ``outputs``, lists
+    of :class:`~sparkdl.data.metadata.TensorSpec` (or their dicts: ``name``, ``shape``,
+    ``kind``, ``classes``) naming columns of ``df``, instead of ``feature_shape``,
+    ``label_kind``, ``classes`` and ``label_shape``; each column is written under its name.
     """
     from pyspark.sql import functions as F
 
+    from sparkdl.data.multi import as_specs, prepare_multi
+
+    multi = inputs is not None or outputs is not None
     classes = [str(c) for c in classes]
-    _validate_args(feature_shape, label_kind, classes, num_files, rows_per_group)
+    if multi:
+        inputs, outputs = as_specs(inputs or [], output=False), as_specs(outputs or [],
+                                                                         output=True)
+        _validate_args([1], "regression", [], num_files, rows_per_group)
+    else:
+        _validate_args(feature_shape, label_kind, classes, num_files, rows_per_group)
     feature_shape = [int(d) for d in feature_shape]
     feature_size = math.prod(feature_shape)
 
@@ -308,10 +325,19 @@ def write_shards(
     if row_group_bytes is not None and row_group_bytes < 1024:
         raise ConfigurationError(f"row_group_bytes must be >= 1024, got {row_group_bytes}")
     raw_label_type = next((f.dataType for f in df.schema.fields if f.name == LABEL), None)
-    data = _prepare(df, label_kind)
-    with spark_data_errors():
-        rows, label_len = _check(data, raw_label_type, feature_size, label_kind, len(classes))
-    if label_kind == "class":
+    if multi:
+        with spark_data_errors():
+            data, rows = prepare_multi(df, inputs, outputs)
+        packed = packed_metadata_fields(inputs, outputs)
+    else:
+        data = _prepare(df, label_kind)
+        with spark_data_errors():
+            rows, label_len = _check(data, raw_label_type, feature_size, label_kind,
+                                     len(classes))
+        packed = {}
+    if multi:
+        label_shape = []  # the packed row's, from ``packed``
+    elif label_kind == "class":
         data = data.withColumn(LABEL, F.col(LABEL).cast("long"))
         label_shape = []
     else:
@@ -329,17 +355,20 @@ def write_shards(
         rows_per_group = max(1, min(rows_per_group, rows // (2 * num_files) or 1))
 
     tmp_uri, tmp_path = _sibling(uri, path, "tmp")
+    fields: dict[str, Any] = {
+        "feature_shape": feature_shape, "feature_dtype": "float32", "label_kind": label_kind,
+        "classes": classes, "label_shape": label_shape, **packed,
+    }
     meta = ShardMetadata(
-        format_version=FORMAT_VERSION, feature_shape=feature_shape, feature_dtype="float32",
-        label_kind=label_kind, classes=classes, label_shape=label_shape, num_rows=rows,
-        files=[], normalizer=normalizer, transform=transform, extra=dict(extra or {}),
+        format_version=FORMAT_VERSION, num_rows=rows, files=[], normalizer=normalizer,
+        transform=transform, extra=dict(extra or {}), **fields,
     )
     try:
-        key = F.xxhash64(F.lit(int(seed)), F.col(FEATURES), F.col(LABEL))
+        key = F.xxhash64(F.lit(int(seed)), *(F.col(c) for c in meta.columns))
         shuffled = (
             data.withColumn(_HASH_COL, key)
             .repartition(num_files, F.col(_HASH_COL))
-            .sortWithinPartitions(_HASH_COL, FEATURES)
+            .sortWithinPartitions(_HASH_COL, meta.columns[0])
             .drop(_HASH_COL)
         )
         writer = (

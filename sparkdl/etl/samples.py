@@ -86,6 +86,26 @@ def write_csv_sample(path: str) -> str:
     return path
 
 
+def write_regression_sample(path: str) -> str:
+    """scikit-learn's diabetes data (442 rows, 10 numeric features ``x0..x9``, ``target``: a
+    disease-progression measure, a number) as a CSV file with a header: the input of
+    ``conf/diabetes.yaml``, the regression pipeline."""
+    import os
+
+    from sklearn.datasets import load_diabetes
+
+    data = load_diabetes()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    names = [f"x{i}" for i in range(data.data.shape[1])]
+    lines = [",".join([*names, "target"])] + [
+        ",".join(f"{v:.17g}" for v in (*row, target))
+        for row, target in zip(data.data, data.target, strict=True)
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
 def write_image_sample(root: str, per_class: int = 40) -> str:
     """``root/<digit>/<k>.png``: :func:`digits_28x28` as grayscale PNG files, ``per_class``
     per digit: the input of ``conf/images.yaml``. Needs TensorFlow (to encode PNG)."""
@@ -105,13 +125,14 @@ def write_image_sample(root: str, per_class: int = 40) -> str:
 
 
 def write_samples(root: str) -> dict[str, str]:
-    """Write the sample inputs of the mnist, csv and images confs under ``root`` (their
+    """Write the sample inputs of the mnist, csv, diabetes and images confs under ``root`` (their
     default ``data.options.path`` with ``root="data"``), from data scikit-learn ships."""
     import os
 
     return {
         "mnist": write_mnist_sample(os.path.join(root, "mnist")),
         "csv": write_csv_sample(os.path.join(root, "records.csv")),
+        "diabetes": write_regression_sample(os.path.join(root, "diabetes.csv")),
         "images": write_image_sample(os.path.join(root, "images")),
     }
 

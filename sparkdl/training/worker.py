@@ -201,7 +201,8 @@ class Validation(WorkerCallback):
         if files:
             for x, y in iter_batches(self.spec.uri, files, self.spec.batch_size,
                                      metadata=self.metadata):
-                totals += (exchange.evaluate_batch(x, y) * len(x), len(x))
+                rows = len(next(iter(y.values()))) if isinstance(y, dict) else len(y)
+                totals += (exchange.evaluate_batch(x, y) * rows, rows)
         state = np.concatenate([totals, exchange.metrics.state()])
         if comm.world_size > 1:
             state = comm.allreduce(state, "sum")

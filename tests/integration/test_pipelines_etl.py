@@ -126,15 +126,17 @@ def test_iris_job_end_to_end(tmp_path: Path) -> None:
 
 
 def test_samples_command_feeds_every_conf(spark, tmp_path: Path) -> None:
-    """``sparkdl samples DIR`` writes inputs for the mnist, csv and images confs, and each
+    """``sparkdl samples DIR`` writes inputs for the mnist, csv, diabetes and images confs, and each
     conf's ETL stage runs on them as a user would run it."""
     from sparkdl.cli import main
     from sparkdl.config import load_config
     from sparkdl.stages import run_etl
 
     assert main(["samples", str(tmp_path / "data")]) == 0
-    expected = {"mnist": (10, [28, 28, 1]), "csv": (3, [4]), "images": (10, [28, 28, 1])}
-    paths = {"mnist": "mnist", "csv": "records.csv", "images": "images"}
+    expected = {"mnist": (10, [28, 28, 1]), "csv": (3, [4]), "images": (10, [28, 28, 1]),
+                "diabetes": (0, [10])}
+    paths = {"mnist": "mnist", "csv": "records.csv", "images": "images",
+             "diabetes": "diabetes.csv"}
     for name, (classes, shape) in expected.items():
         config = load_config(REPO / "conf" / f"{name}.yaml", [
             f"data.options.path={tmp_path / 'data' / paths[name]}",
