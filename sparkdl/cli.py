@@ -17,12 +17,12 @@ and ``conf/images.yaml`` (default ``data/``, where those confs look).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from sparkdl.errors import SparkDLError
+from sparkdl.job_output import check_json_out, emit_result, fail
 from sparkdl.logs import LEVELS, configure_logging, quiet_tensorflow
 
 STAGES = ("etl", "train", "evaluate", "predict", "pipeline")
@@ -47,6 +47,10 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
             help="continue from the latest checkpoint in training.checkpoint_dir",
         )
     parser.add_argument(
+        "--json-out", metavar="PATH",
+        help="also write the result (the JSON last line of stdout) to PATH, atomically",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", type=str.upper, choices=LEVELS,
         help="level of sparkdl's own log (default INFO)",
     )
@@ -61,9 +65,17 @@ def samples_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("dir", nargs="?", default="data",
                         help="where to write them (default: data, where the confs look)")
+    parser.add_argument(
+        "--json-out", metavar="PATH",
+        help="also write the result (the JSON last line of stdout) to PATH, atomically",
+    )
     args = parser.parse_args(argv)
     from sparkdl.etl.samples import write_samples
 
+    try:
+        check_json_out(args.json_out)
+    except SparkDLError as exc:
+        return fail("samples", str(exc))
     root = Path(args.dir)
     if root.exists() and not root.is_dir():
         print(f"sparkdl samples: error: {args.dir} exists and is not a directory",
@@ -74,7 +86,7 @@ def samples_main(argv: Sequence[str]) -> int:
     except (SparkDLError, OSError) as exc:
         print(f"sparkdl samples: error: {_describe(exc)}", file=sys.stderr, flush=True)
         return 2
-    print(json.dumps(written, indent=2), flush=True)
+    emit_result(written, args.json_out)
     return 0
 
 
@@ -91,21 +103,25 @@ def validate_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--stage", choices=STAGES, default="pipeline",
                         help="check what this stage needs (default: pipeline, i.e. all)")
+    parser.add_argument(
+        "--json-out", metavar="PATH",
+        help="also write the result (the JSON last line of stdout) to PATH, atomically",
+    )
     args = parser.parse_args(argv)
     quiet_tensorflow()
     from sparkdl.config import load_config
     from sparkdl.preflight import preflight
 
     try:
+        check_json_out(args.json_out)
         config = load_config(args.conf, args.overrides)
         preflight(config, args.stage)
     except SparkDLError as exc:
         print(f"sparkdl validate: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    print(json.dumps({"valid": True, "conf": args.conf, "stage": args.stage,
-                      "pipeline": config.data.pipeline, "model": config.model.name,
-                      "data_dir": config.data.dir, "output_dir": config.output.dir}),
-          flush=True)
+    emit_result({"valid": True, "conf": args.conf, "stage": args.stage,
+                 "pipeline": config.data.pipeline, "model": config.model.name,
+                 "data_dir": config.data.dir, "output_dir": config.output.dir}, args.json_out)
     return 0
 
 
@@ -121,15 +137,20 @@ def report_main(argv: Sequence[str]) -> int:
         description="Write RUN_DIR/report.html: plots of a run's history and evaluation.",
     )
     parser.add_argument("run_dir", help="a run's output.dir (holds metrics.json)")
+    parser.add_argument(
+        "--json-out", metavar="PATH",
+        help="also write the result (the JSON last line of stdout) to PATH, atomically",
+    )
     args = parser.parse_args(argv)
     from sparkdl.report import write_report
 
     try:
+        check_json_out(args.json_out)
         path = write_report(args.run_dir)
     except SparkDLError as exc:
         print(f"sparkdl report: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    print(json.dumps({"report": str(path)}), flush=True)
+    emit_result({"report": str(path)}, args.json_out)
     return 0
 
 
@@ -153,6 +174,7 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
 
     spark = None
     try:
+        check_json_out(args.json_out)
         config = load_config(args.conf, args.overrides)
         preflight(config, stage)  # everything checkable without Spark, before Spark starts
         spark = get_spark(config.cluster)
@@ -166,7 +188,7 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     finally:
         if spark is not None:
             spark.stop()  # a job owns its session; stopping it lets executors exit cleanly
-    print(json.dumps(result, default=str), flush=True)  # one JSON object, the last line
+    emit_result(result, args.json_out)  # one JSON object, the last line
     return 0
 
 

@@ -1,0 +1,74 @@
+"""``--json-out PATH``: the result line of stdout, also written atomically to a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _run_dir import write_run_dir
+
+from sparkdl.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse
+        rc = exc.code
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def _conf(tmp_path: Path) -> Path:
+    conf = tmp_path / "job.yaml"
+    conf.write_text(f"data:\n  dir: {tmp_path / 'data'}\noutput:\n  dir: {tmp_path / 'run'}\n")
+    return conf
+
+
+def test_validate_writes_its_result_line_to_json_out(tmp_path, capsys):
+    out = tmp_path / "results" / "deep" / "validate.json"  # missing parents are created
+    rc, stdout, _ = _run(capsys, ["validate", "--conf", str(_conf(tmp_path)),
+                                  "--json-out", str(out)])
+    assert rc == 0
+    last = stdout.strip().splitlines()[-1]
+    assert json.loads(out.read_text()) == json.loads(last)
+    assert json.loads(last)["valid"] is True
+    assert [p.name for p in out.parent.iterdir()] == ["validate.json"]  # no temporary left
+
+
+def test_report_writes_json_out_and_replaces_an_old_one(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_run_dir(run_dir)
+    out = tmp_path / "report.json"
+    out.write_text("old")
+    rc, stdout, _ = _run(capsys, ["report", str(run_dir), "--json-out", str(out)])
+    assert rc == 0
+    assert json.loads(out.read_text()) == {"report": str(run_dir.resolve() / "report.html")}
+    assert out.read_text() == stdout.splitlines()[-1] + "\n"
+
+
+def test_a_failed_command_writes_no_json_out(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    rc, stdout, err = _run(capsys, ["report", str(tmp_path / "nope"), "--json-out", str(out)])
+    assert rc == 2 and stdout == "" and "metrics.json" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["validate", "--conf", "CONF"], ["report", "RUN"],
+                                     ["samples", "DIR"], ["etl", "--conf", "CONF"]])
+def test_an_unwritable_json_out_is_refused_before_the_command_runs(tmp_path, capsys, command):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    conf = _conf(tmp_path)
+    argv = [{"CONF": str(conf), "RUN": str(tmp_path / "run"), "DIR": str(tmp_path / "samples")}
+            .get(a, a) for a in command]
+    for bad, message in [(tmp_path, "is a directory"), (blocker / "r.json", "is not a directory")]:
+        rc, stdout, err = _run(capsys, [*argv, "--json-out", str(bad)])
+        assert rc == 2 and stdout == "", err
+        assert f"--json-out {bad}: " in err and message in err, err
+        assert "Traceback" not in err
+    assert not (tmp_path / "samples").exists() and not (tmp_path / "run").exists()
