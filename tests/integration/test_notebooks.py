@@ -56,7 +56,7 @@ def test_zeppelin_note_runs(spark, tmp_path, monkeypatch):
                           "mnist_zeppelin.zpln")
     assert namespace["local_history"].metrics["replicas_identical"] is True
     assert namespace["spark_history"].metrics["replicas_identical"] is True
-    assert namespace["evaluation"].accuracy() > 0.8
+    assert namespace["evaluation"].accuracy() > 0.75
 
 
 def test_runner_reads_cells_and_skips_magic(tmp_path):
