@@ -131,24 +131,6 @@ def test_bad_conf_fails_fast_and_writes_nothing(tmp_path, yaml_text, message):
     assert not (tmp_path / "out").exists()
 
 
-def test_notebook_runs(tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    notebook = nbformat.read(REPO / "notebooks" / "digits.ipynb", as_version=4)
-    os.environ["SPARKDL_NOTEBOOK_DIR"] = str(tmp_path)
-    try:
-        nbclient.NotebookClient(
-            notebook, timeout=300, kernel_name="python3",
-            resources={"metadata": {"path": str(REPO)}},
-        ).execute()
-    finally:
-        os.environ.pop("SPARKDL_NOTEBOOK_DIR", None)
-    outputs = "".join(
-        o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs
-    )
-    assert "Accuracy:" in outputs
-
-
 @pytest.mark.slow
 def test_reader_benchmark_quick_run(tmp_path):
     """The reader suite runs end to end and writes its headline figures (no timing asserted)."""
