@@ -77,6 +77,9 @@ def s3_server() -> Iterator[str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"

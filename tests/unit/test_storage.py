@@ -148,3 +148,21 @@ def test_configure_s3_sets_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert os.environ[storage.S3_ENDPOINT_ENV] == "http://minio:9000"
     assert environment == {storage.S3_ENDPOINT_ENV: "http://minio:9000"}
+
+
+def test_shards_on_s3_read_by_sparkdls_reader(s3_bucket: str, tmp_path: Path) -> None:
+    """Shards copied to S3 are read there by the workers' pyarrow reader (only Spark's own
+    reading and writing of shards needs Hadoop's s3a)."""
+    import numpy as np
+    from test_data_reader import make_shards
+
+    from sparkdl.data.files import read_metadata
+    from sparkdl.data.reader import read_all
+
+    local, _ = make_shards(tmp_path / "shards", [[4, 3], [5]])
+    storage.upload(local, f"{s3_bucket}/shards")
+    metadata = read_metadata(f"{s3_bucket}/shards")  # footers checked on S3
+    x, y = read_all(f"{s3_bucket}/shards", metadata)
+    lx, ly = read_all(local)
+    np.testing.assert_array_equal(x, lx)
+    np.testing.assert_array_equal(y, ly)
