@@ -18,7 +18,7 @@ from sparkdl import storage
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 JOB = """\
 cluster:
@@ -47,7 +47,7 @@ def _job(stage: str, conf: str, *args: str, env: dict[str, str]) -> dict:
     proc = subprocess.run(
         [sys.executable, f"jobs/{stage}.py", "--conf", conf, *args], cwd=REPO,
         env={**env, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
-        capture_output=True, text=True, timeout=500, check=False,
+        capture_output=True, text=True, timeout=900, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
