@@ -35,6 +35,18 @@ class _Section(BaseModel):
     )
 
 
+class S3Config(_Section):
+    """Where ``s3://`` URIs point (credentials come from the AWS chain: environment,
+    ``~/.aws``, instance roles). Unset keys leave ``AWS_ENDPOINT_URL`` and
+    ``AWS_DEFAULT_REGION`` as the environment has them."""
+
+    endpoint_override: str | None = Field(
+        default=None,
+        description="an S3-compatible server, e.g. 'http://minio:9000' (MinIO, moto, Ceph)",
+    )
+    region: str | None = None
+
+
 class ClusterConfig(_Section):
     """Where and how workers run and talk (the seeds' VoidConfiguration)."""
 
@@ -62,6 +74,7 @@ class ClusterConfig(_Section):
         "two ranks or more (tcp transport only; 'spark' is always flat)",
     )
     spark_conf: dict[str, str] = Field(default_factory=dict)
+    s3: S3Config = Field(default_factory=S3Config)
 
     @field_validator("spark_conf", mode="before")
     @classmethod
@@ -219,7 +232,14 @@ class EvaluationConfig(_Section):
 
 
 class OutputConfig(_Section):
+    """Where a run's results go: a local path or any filesystem URI (``s3://bucket/run``)."""
+
     dir: str = "runs/digits"
+    export: Literal["none", "savedmodel"] = Field(
+        default="none",
+        description="'savedmodel': also write output.dir/savedmodel/, a TensorFlow SavedModel "
+        "with a serving signature, for TF Serving",
+    )
 
 
 class TrackingConfig(_Section):
@@ -299,10 +319,7 @@ def load_config(
     source = str(path) if path is not None else "<config>"
     raw: Any = dict(data or {})
     if path is not None:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigurationError(f"configuration file {source} does not exist")
-        raw = _load_yaml(file, source) or {}
+        raw = _load_yaml(_read_config_bytes(source), source) or {}
         if not isinstance(raw, dict):
             raise ConfigurationError(
                 f"{source}: expected a mapping of sections, got {type(raw).__name__}"
@@ -362,12 +379,27 @@ _ConfigLoader.add_implicit_resolver(
 )
 
 
-def _load_yaml(file: Path, source: str) -> Any:
-    """Parse a configuration file; every failure is one :class:`ConfigurationError`."""
+def _read_config_bytes(source: str) -> bytes:
+    """The bytes of a configuration file: a local path or any filesystem URI."""
+    if "://" in source and not source.startswith("file:"):
+        from sparkdl.errors import DataError
+        from sparkdl.storage import read_bytes
+
+        try:
+            return read_bytes(source, what="configuration file", limit=MAX_BYTES)
+        except DataError as exc:
+            raise ConfigurationError(str(exc)) from None
+    file = Path(source.removeprefix("file://"))
+    if not file.is_file():
+        raise ConfigurationError(f"configuration file {source} does not exist")
     try:
-        data = file.read_bytes()
+        return file.read_bytes()
     except OSError as exc:
         raise ConfigurationError(f"{source}: cannot read: {exc.strerror or exc}") from None
+
+
+def _load_yaml(data: bytes, source: str) -> Any:
+    """Parse a configuration file's bytes; every failure is one :class:`ConfigurationError`."""
     if len(data) > MAX_BYTES:
         raise ConfigurationError(
             f"{source}: {len(data)} bytes; a configuration file is at most {MAX_BYTES}"

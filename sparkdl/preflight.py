@@ -57,12 +57,12 @@ def preflight(config: JobConfig, stage: str) -> None:
             if value:
                 _check_writable(key, value)
     if stage in ("train", "evaluate", "predict", "pipeline"):
-        _check_writable("output.dir", config.output.dir, local_only=True)
-    if stage == "predict":
+        _check_writable("output.dir", config.output.dir)
+    out = _local(config.output.dir)
+    if stage == "predict" and out is not None:  # another filesystem: checked by the stage
         from sparkdl.data.writer import check_replaceable
         from sparkdl.stages import PREDICTIONS_DIR, PREDICTIONS_MARKER
 
-        out = _local(config.output.dir) or Path(config.output.dir)
         check_replaceable((out.resolve() / PREDICTIONS_DIR).as_uri(), marker=PREDICTIONS_MARKER)
 
 
@@ -184,14 +184,11 @@ def _local(location: str) -> Path | None:
     return Path(location).expanduser()
 
 
-def _check_writable(key: str, location: str, *, local_only: bool = False) -> None:
+def _check_writable(key: str, location: str) -> None:
     """``location`` is a directory that can be written, or can be created."""
     path = _local(location)
     if path is None:
-        if local_only:
-            raise ConfigurationError(f"{key}: must be a local path or file:// URI, got "
-                                     f"{location}")
-        return  # another filesystem: Spark/pyarrow find out
+        return  # another filesystem: the stage finds out, with an error naming the key
     path = path.resolve()
     probe = path
     while not probe.exists():

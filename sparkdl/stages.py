@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import JobConfig
-from sparkdl.errors import ConfigurationError, DataError
+from sparkdl.errors import DataError
 from sparkdl.report import HISTORY_FILE, REPORT_FILE, write_history_csv, write_report
+from sparkdl.run_output import RunOutput
+from sparkdl.storage import configure_s3
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,6 +32,7 @@ METRICS_FILE = "metrics.json"
 EVALUATION_FILE = "evaluation.json"
 PREDICTIONS_DIR = "predictions"
 PREDICTIONS_MARKER = "_sparkdl_predictions.json"
+SAVEDMODEL_DIR = "savedmodel"
 
 
 def as_uri(location: str) -> str:
@@ -39,32 +42,16 @@ def as_uri(location: str) -> str:
     return Path(location).expanduser().resolve().as_uri()
 
 
-def local_path(location: str) -> Path:
-    """The local path of ``location``; outputs other than shards are written locally."""
-    if location.startswith("file://"):
-        from urllib.parse import unquote, urlparse
-
-        return Path(unquote(urlparse(location).path))
-    if "://" in location:
-        raise DataError(f"output.dir must be a local path or file:// URI, got {location}")
-    return Path(location).expanduser().resolve()
+def output_dir(config: JobConfig) -> RunOutput:
+    """``output.dir`` (any filesystem) as a :class:`RunOutput`, created if needed; one clear
+    error naming the key and the location if it cannot be."""
+    return RunOutput(config.output.dir)
 
 
-def output_dir(config: JobConfig) -> Path:
-    """``output.dir`` as a local directory, created if needed; one clear error if it cannot be.
-    """
-    out = local_path(config.output.dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConfigurationError(
-            f"output.dir: {config.output.dir} cannot be a directory: it or a parent is a file"
-        ) from None
-    except OSError as exc:
-        raise ConfigurationError(
-            f"output.dir: cannot create {out}: {exc.strerror or exc}"
-        ) from None
-    return out
+def configure_storage(config: JobConfig, spark: SparkSession) -> None:
+    """Apply ``cluster.s3`` to this process and to the executors' Python workers."""
+    s3 = config.cluster.s3
+    configure_s3(s3.endpoint_override, s3.region, spark.sparkContext)
 
 
 def shard_uris(config: JobConfig) -> tuple[str, str]:
@@ -99,13 +86,20 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
 
     ``resume=True`` continues from the latest checkpoint in ``training.checkpoint_dir``.
     """
+    configure_storage(config, spark)
+    train_uri, _ = shard_uris(config)
+    with output_dir(config) as out:  # before training: a model is never lost for want of a place
+        return _train(config, spark, out, train_uri, resume=resume)
+
+
+def _train(
+    config: JobConfig, spark: SparkSession, out: RunOutput, train_uri: str, *, resume: bool
+) -> dict[str, Any]:
     from sparkdl.data.files import read_metadata
     from sparkdl.models import build_model
     from sparkdl.spark_model import SparkModel
     from sparkdl.training.masters import master_from_training_config
 
-    train_uri, _ = shard_uris(config)
-    out = output_dir(config)  # before training: a model is never lost for want of a place
     metadata = read_metadata(train_uri)
     num_outputs = metadata.num_classes if metadata.label_kind == "class" else int(
         max(1, _prod(metadata.label_shape))
@@ -140,15 +134,20 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
         prefetch=training.prefetch,
         decode_threads=training.decode_threads,
     )
-    out = output_dir(config)
-    _save_model_atomically(spark_model.model, out / MODEL_FILE)
-    metrics = {**fit.metrics, "history": fit.history, "model": str(out / MODEL_FILE),
+    _save_model_atomically(spark_model.model, out.dir / MODEL_FILE)
+    out.publish(MODEL_FILE)
+    metrics = {**fit.metrics, "history": fit.history, "model": out.location(MODEL_FILE),
                "train_data": train_uri, "validation_freq": training.validation_freq,
-               "history_csv": str(out / HISTORY_FILE)}
-    write_history_csv(fit.history, out / HISTORY_FILE, epochs=fit.epoch,
+               "history_csv": out.location(HISTORY_FILE)}
+    if config.output.export == "savedmodel":
+        export_savedmodel(spark_model.model, out.dir / SAVEDMODEL_DIR)
+        out.publish_dir(SAVEDMODEL_DIR, marker="saved_model.pb")  # what TF Serving looks for
+        metrics["savedmodel"] = out.location(SAVEDMODEL_DIR)
+    write_history_csv(fit.history, out.dir / HISTORY_FILE, epochs=fit.epoch,
                       validation_freq=training.validation_freq)
-    _write_json_atomically(out / METRICS_FILE, metrics)
-    write_report(out)
+    _write_json_atomically(out.dir / METRICS_FILE, metrics)
+    write_report(out.dir)
+    out.publish(HISTORY_FILE, METRICS_FILE, REPORT_FILE)  # metrics.json: the stage is done
     return metrics
 
 
@@ -159,27 +158,26 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     from sparkdl.spark_model import SparkModel
     from sparkdl.training.masters import master_from_training_config
 
+    configure_storage(config, spark)
     _, test_uri = shard_uris(config)
-    out = local_path(config.output.dir)
-    model_path = out / MODEL_FILE
-    if not model_path.is_file():
-        raise DataError(f"no trained model at {model_path}: run the train stage first")
-    model = keras.models.load_model(model_path)
-    spark_model = SparkModel(
-        spark, model, master_from_training_config(config.training), cluster=config.cluster
-    )
-    per_output = evaluate_configured(spark_model, test_uri, config)
-    for name, evaluations in per_output.items():
-        for evaluation in evaluations:  # stdout carries the result JSON
-            print((f"[output {name}]\n" if name else "") + evaluation.stats(), file=sys.stderr,
-                  flush=True)
-    _write_json_atomically(out / EVALUATION_FILE, {**evaluation_document(per_output),
-                                                   "test_data": test_uri})
-    metrics_path = out / METRICS_FILE
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
-    metrics.update(headline_figures(per_output))
-    _write_json_atomically(metrics_path, metrics)
-    write_report(out)
+    with output_dir(config) as out:
+        model = keras.models.load_model(_trained_model(out))
+        spark_model = SparkModel(
+            spark, model, master_from_training_config(config.training), cluster=config.cluster
+        )
+        per_output = evaluate_configured(spark_model, test_uri, config)
+        for name, evaluations in per_output.items():
+            for evaluation in evaluations:  # stdout carries the result JSON
+                print((f"[output {name}]\n" if name else "") + evaluation.stats(),
+                      file=sys.stderr, flush=True)
+        _write_json_atomically(out.dir / EVALUATION_FILE,
+                               {**evaluation_document(per_output), "test_data": test_uri})
+        metrics_path = out.fetch(METRICS_FILE) or out.dir / METRICS_FILE
+        metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+        metrics.update(headline_figures(per_output))
+        _write_json_atomically(metrics_path, metrics)
+        write_report(out.dir)
+        out.publish(EVALUATION_FILE, METRICS_FILE, REPORT_FILE)
     return metrics
 
 
@@ -234,24 +232,40 @@ def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     from sparkdl.spark_model import SparkModel
     from sparkdl.training.masters import master_from_training_config
 
+    configure_storage(config, spark)
     _, test_uri = shard_uris(config)
-    out = local_path(config.output.dir)
-    model_path = out / MODEL_FILE
-    if not model_path.is_file():
-        raise DataError(f"no trained model at {model_path}: run the train stage first")
+    with output_dir(config) as out:
+        target = (out.location(PREDICTIONS_DIR) if out.remote
+                  else (out.dir / PREDICTIONS_DIR).as_uri())
+        check_replaceable(target, marker=PREDICTIONS_MARKER)  # only what sparkdl wrote
+        model = keras.models.load_model(_trained_model(out))
+        spark_model = SparkModel(
+            spark, model, master_from_training_config(config.training), cluster=config.cluster
+        )
+        predictions = spark_model.predict(test_uri).drop("features")
+        marker = json.dumps({"test_data": test_uri}) + "\n"
+        if out.remote:  # Spark may have no writer for the URI (s3a): through the driver
+            import pyarrow.parquet as pq
+
+            local = out.dir / PREDICTIONS_DIR
+            local.mkdir()
+            pq.write_table(predictions.toArrow(), local / "part-00000.parquet")
+            (local / PREDICTIONS_MARKER).write_text(marker)
+            check_replaceable(target, marker=PREDICTIONS_MARKER)
+            out.publish_dir(PREDICTIONS_DIR, PREDICTIONS_MARKER)
+        else:
+            _write_local_predictions(predictions, out.dir, marker, target)
+    return {"predictions": target}
+
+
+def _write_local_predictions(predictions: Any, out: Path, marker: str, target: str) -> None:
+    from sparkdl.data.writer import check_replaceable
+
     target_dir = out / PREDICTIONS_DIR
-    target = target_dir.as_uri()
-    check_replaceable(target, marker=PREDICTIONS_MARKER)  # only what sparkdl wrote
-    model = keras.models.load_model(model_path)
-    spark_model = SparkModel(
-        spark, model, master_from_training_config(config.training), cluster=config.cluster
-    )
     tmp = out / f".{PREDICTIONS_DIR}.tmp-{uuid.uuid4().hex[:12]}"
     try:
-        spark_model.predict(test_uri).drop("features").write.mode("errorifexists").parquet(
-            tmp.as_uri()
-        )
-        (tmp / PREDICTIONS_MARKER).write_text(json.dumps({"test_data": test_uri}) + "\n")
+        predictions.write.mode("errorifexists").parquet(tmp.as_uri())
+        (tmp / PREDICTIONS_MARKER).write_text(marker)
         check_replaceable(target, marker=PREDICTIONS_MARKER)
         if target_dir.exists():
             old = out / f".{PREDICTIONS_DIR}.old-{uuid.uuid4().hex[:12]}"
@@ -263,7 +277,6 @@ def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return {"predictions": target}
 
 
 def run_pipeline(
@@ -273,24 +286,52 @@ def run_pipeline(
     shards = run_etl(config, spark)
     run_train(config, spark, resume=resume)
     metrics = run_evaluate(config, spark)
-    out = local_path(config.output.dir)
-    result = {
-        "shards": shards,
-        "model": str(out / MODEL_FILE),
-        "metrics": str(out / METRICS_FILE),
-        "history": str(out / HISTORY_FILE),
-        "report": str(out / REPORT_FILE),
-        "test_accuracy": metrics.get("test_accuracy"),
-        "samples_per_second": metrics["samples_per_second"],
-    }
-    if config.tracking.mlflow:
-        from sparkdl.tracking import log_run
+    with output_dir(config) as out:
+        result = {
+            "shards": shards,
+            "model": out.location(MODEL_FILE),
+            "metrics": out.location(METRICS_FILE),
+            "history": out.location(HISTORY_FILE),
+            "report": out.location(REPORT_FILE),
+            "test_accuracy": metrics.get("test_accuracy"),
+            "samples_per_second": metrics["samples_per_second"],
+        }
+        if config.output.export == "savedmodel":
+            result["savedmodel"] = out.location(SAVEDMODEL_DIR)
+        if config.tracking.mlflow:
+            from sparkdl.tracking import RUN_FILES, log_run
 
-        result["mlflow_run_id"] = log_run(
-            config.tracking.mlflow, config.tracking.experiment, config,
-            metrics.get("history", {}), out, out / MODEL_FILE,
-        )
+            for name in RUN_FILES:
+                out.fetch(name)
+            result["mlflow_run_id"] = log_run(
+                config.tracking.mlflow, config.tracking.experiment, config,
+                metrics.get("history", {}), out.dir, _trained_model(out),
+            )
     return result
+
+
+def _trained_model(out: RunOutput) -> Path:
+    """The local path of the published model; one error naming where it was looked for."""
+    model_path = out.fetch(MODEL_FILE)
+    if model_path is None:
+        raise DataError(
+            f"no trained model at {out.location(MODEL_FILE)}: run the train stage first"
+        )
+    return model_path
+
+
+def export_savedmodel(model: Any, path: Path) -> None:
+    """Export ``model`` for TF Serving: a SavedModel at ``path`` whose ``serving_default``
+    signature maps the model's inputs to its outputs (Keras 3 ``model.export``)."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        model.export(str(tmp), format="tf_saved_model", verbose=False)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
 
 
 def _save_model_atomically(model: Any, path: Path) -> None:

@@ -58,3 +58,65 @@ def _make_mlp(input_shape, num_classes: int, learning_rate: float = 0.002, seed:
         metrics=["accuracy"],
     )
     return model
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """A real S3-compatible server (moto's, over HTTP on 127.0.0.1) for the whole session.
+
+    Yields its endpoint URL; ``AWS_ENDPOINT_URL`` and dummy credentials are set in this
+    process's environment while it runs (child processes inherit them), and restored after.
+    """
+    import socket
+    import time
+    import urllib.request
+
+    pytest.importorskip("moto.server", reason="needs moto[server] (the test extra)")
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:  # bounded wait until it answers
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                server.stop()
+                pytest.fail(f"moto S3 server did not start on {endpoint} within 30 s")
+            time.sleep(0.1)
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield endpoint
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str) -> str:
+    """A new empty bucket on :func:`s3_server`; returns its URI ``s3://name``."""
+    import uuid
+
+    import pyarrow.fs as pafs
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    fs = pafs.S3FileSystem(endpoint_override=s3_server, allow_bucket_creation=True,
+                           access_key="testing", secret_key="testing", region="us-east-1")
+    fs.create_dir(name)
+    return f"s3://{name}"

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from sparkdl.errors import DataError
+from sparkdl.storage import resolve  # also imported from here by readers and writers
 
 METADATA_FILE = "_sparkdl.json"
 FORMAT_VERSION = 2
@@ -300,46 +300,6 @@ def _split(packed: Any, specs: list[TensorSpec]) -> dict[str, Any]:
         out[spec.name] = (part[:, 0].astype(np.int64) if spec.kind == "class"
                           else part.reshape(rows, *spec.shape))
     return out
-
-
-def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and path of a local path or a URI.
-
-    ``file://`` and the schemes pyarrow knows (``hdfs://`` through libhdfs, ``s3://``,
-    ``gs://``, ...) use pyarrow's own filesystems; any other scheme goes through fsspec when
-    it is installed (``memory://``, ``abfs://``, ...).
-    """
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
-    scheme = uri.split("://", 1)[0].lower()
-    try:
-        return pafs.FileSystem.from_uri(uri)
-    except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        if scheme in ("hdfs", "viewfs"):
-            raise DataError(
-                f"cannot open {uri}: hdfs:// needs libhdfs (Hadoop's native client, "
-                f"libhdfs.so) and a Hadoop CLASSPATH; set HADOOP_HOME or ARROW_LIBHDFS_DIR "
-                f"and CLASSPATH=$(hadoop classpath --glob). pyarrow said: {exc}"
-            ) from None
-        if scheme != "file" and isinstance(exc, ValueError) and "nrecognized" in str(exc):
-            return _fsspec(uri, scheme)
-        raise DataError(f"cannot open filesystem for {uri}: {exc}") from None
-
-
-def _fsspec(uri: str, scheme: str) -> tuple[pafs.FileSystem, str]:
-    """Wrap an fsspec filesystem for ``uri`` as a pyarrow filesystem."""
-    try:
-        import fsspec
-    except ImportError:
-        raise DataError(
-            f"cannot open {uri}: pyarrow has no filesystem for {scheme}:// and fsspec is not "
-            f"installed (pip install fsspec)"
-        ) from None
-    try:
-        fs, path = fsspec.core.url_to_fs(uri)
-    except (ValueError, ImportError, OSError) as exc:
-        raise DataError(f"cannot open filesystem for {uri} through fsspec: {exc}") from None
-    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 def join(base: str, *parts: str) -> str:

@@ -6,7 +6,9 @@ rank 0's scalar exchange state for reading, the run id) and ``workers/rank-N``: 
 whole ``UpdateExchange.get_state()`` as an ``.npz`` (its residual, its own threshold state,
 its optimizer variables, ...), which that rank restores on resume. It is
 written under a temporary name and renamed when complete, so a worker killed mid-write leaves
-no checkpoint that looks whole. Any filesystem pyarrow reaches works (local, HDFS, fsspec).
+no checkpoint that looks whole. Any filesystem pyarrow reaches works (local, HDFS, S3,
+fsspec): object stores have no directory rename, so there the files are written in place and
+``state.json`` last; a checkpoint without it is never read and is removed on the next start.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from sparkdl.data.metadata import resolve
-from sparkdl.errors import ConfigurationError, TrainingError
+from sparkdl.errors import ConfigurationError, DataError, TrainingError
+from sparkdl.storage import move_dir, renames_atomically, resolve, write_bytes
 
 log = logging.getLogger("sparkdl.training")
 
@@ -93,7 +95,10 @@ class CheckpointStore:
 
     def start_run(self, resume: bool) -> str:
         """Begin a fit: keep the existing run when resuming, else clear old checkpoints."""
-        self.fs.create_dir(self.root, recursive=True)
+        try:
+            self.fs.create_dir(self.root, recursive=True)
+        except OSError as exc:
+            raise DataError(f"checkpoint_dir: cannot create {self.uri}: {exc}") from None
         self._remove_partial_writes()
         current = self._read_json(RUN_FILE)
         if resume and current:
@@ -136,17 +141,23 @@ class CheckpointStore:
     def save(self, state: TrainingState, model_bytes: bytes, keep: int = 2) -> str:
         """Write a checkpoint atomically; keep only the newest ``keep``."""
         name = f"ckpt-{state.global_step:010d}"
-        tmp = f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        renames = renames_atomically(self.fs)
+        # where rename is atomic, build the checkpoint aside and rename it into place; on an
+        # object store write in place, state.json (what makes it complete) last
+        tmp = f".{name}.tmp-{uuid.uuid4().hex[:8]}" if renames else name
+        if not renames and self._exists(name):
+            self.fs.delete_dir(f"{self.root}/{name}")
         self.fs.create_dir(f"{self.root}/{tmp}", recursive=True)
         try:
             staging = self._staging(state.run_id, state.global_step)
             if self._exists(staging):
-                self.fs.move(f"{self.root}/{staging}", f"{self.root}/{tmp}/workers")
+                move_dir(self.fs, f"{self.root}/{staging}", f"{self.root}/{tmp}/workers")
             self._write_bytes(f"{tmp}/{MODEL_FILE}", model_bytes)
             self._write_bytes(f"{tmp}/{STATE_FILE}", json.dumps(asdict(state)).encode())
-            if self._exists(name):
-                self.fs.delete_dir(f"{self.root}/{name}")
-            self.fs.move(f"{self.root}/{tmp}", f"{self.root}/{name}")
+            if renames:
+                if self._exists(name):
+                    self.fs.delete_dir(f"{self.root}/{name}")
+                self.fs.move(f"{self.root}/{tmp}", f"{self.root}/{name}")
         except BaseException:
             self.fs.delete_dir(f"{self.root}/{tmp}")
             raise
@@ -174,10 +185,15 @@ class CheckpointStore:
                       if i.type == pafs.FileType.Directory and _NAME.match(i.base_name))
 
     def _remove_partial_writes(self) -> None:
-        """Delete what a writer killed mid-checkpoint left (never complete, never read)."""
+        """Delete what a writer killed mid-checkpoint left (never complete, never read): a
+        temporary name, or on an object store a checkpoint without its ``state.json``."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
         for info in infos:
-            if ".tmp-" not in info.base_name:
+            partial = ".tmp-" in info.base_name or (
+                _NAME.match(info.base_name) is not None
+                and not self._exists(f"{info.base_name}/{STATE_FILE}")
+            )
+            if not partial:
                 continue
             if info.type == pafs.FileType.Directory:
                 self.fs.delete_dir(info.path)
@@ -197,10 +213,7 @@ class CheckpointStore:
         return json.loads(self._read(name))
 
     def _write_bytes(self, name: str, data: bytes) -> None:
-        tmp = f"{self.root}/{name}.tmp-{uuid.uuid4().hex[:8]}"
-        with self.fs.open_output_stream(tmp) as stream:
-            stream.write(data)
-        self.fs.move(tmp, f"{self.root}/{name}")
+        write_bytes(self.fs, f"{self.root}/{name}", data)
 
     def _delete(self, name: str) -> None:
         if self._exists(name):

@@ -285,4 +285,4 @@ def test_stage_output_dir_that_is_a_file(tmp_path: Path) -> None:
         with pytest.raises(ConfigurationError, match=r"output\.dir: .*run.* cannot be a directory"):
             output_dir(config)
     assert (tmp_path / "run").read_text() == "x"
-    assert output_dir(load_config(None, [f"output.dir={tmp_path / 'new'}"])).is_dir()
+    assert output_dir(load_config(None, [f"output.dir={tmp_path / 'new'}"])).dir.is_dir()

@@ -1,0 +1,168 @@
+"""sparkdl.storage and sparkdl.run_output: local paths, file:// URIs and a real S3-compatible
+server (moto's, started by the s3_server fixture), plus checkpoints and --conf on S3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from sparkdl import storage
+from sparkdl.errors import ConfigurationError, DataError
+from sparkdl.run_output import RunOutput
+
+
+def test_resolve_local_and_file_uri(tmp_path: Path) -> None:
+    fs, path = storage.resolve(str(tmp_path / "a"))
+    assert fs.type_name == "local" and path == str(tmp_path / "a")
+    fs, path = storage.resolve((tmp_path / "a").as_uri())
+    assert fs.type_name == "local" and path == str(tmp_path / "a")
+    assert storage.renames_atomically(fs)
+    assert storage.local_path((tmp_path / "a").as_uri()) == tmp_path / "a"
+    assert storage.local_path("s3://bucket/a") is None
+
+
+def test_unknown_scheme_names_the_uri() -> None:
+    with pytest.raises(DataError, match=r"nosuchscheme://x/y"):
+        storage.resolve("nosuchscheme://x/y")
+
+
+def test_write_read_upload_download_local(tmp_path: Path) -> None:
+    fs, root = storage.resolve(tmp_path.as_uri())
+    storage.write_bytes(fs, f"{root}/f.bin", b"one")
+    storage.write_bytes(fs, f"{root}/f.bin", b"two")  # replaced whole
+    assert storage.read_bytes((tmp_path / "f.bin").as_uri()) == b"two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]  # no temporary left
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "x.txt").write_text("x")
+    storage.upload(src, (tmp_path / "dst").as_uri())
+    storage.download((tmp_path / "dst").as_uri(), tmp_path / "back")
+    assert (tmp_path / "back" / "sub" / "x.txt").read_text() == "x"
+    with pytest.raises(DataError, match=r"file .*missing\.txt does not exist"):
+        storage.read_bytes((tmp_path / "missing.txt").as_uri())
+
+
+def test_run_output_local_is_used_in_place(tmp_path: Path) -> None:
+    with RunOutput(str(tmp_path / "run")) as out:
+        assert not out.remote and out.dir == tmp_path / "run" and out.dir.is_dir()
+        assert out.location("m.keras") == str(tmp_path / "run" / "m.keras")
+        assert out.fetch("m.keras") is None
+    assert (tmp_path / "run").is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigurationError, match=r"output\.dir: .*file cannot be a directory"):
+        RunOutput(str(tmp_path / "file"))
+
+
+def test_s3_round_trip(s3_bucket: str, tmp_path: Path) -> None:
+    fs, root = storage.resolve(f"{s3_bucket}/run")
+    assert fs.type_name == "s3" and not storage.renames_atomically(fs)
+    storage.make_dirs(f"{s3_bucket}/run", key="output.dir")
+    storage.write_bytes(fs, f"{root}/a.json", b"{}")
+    assert storage.read_bytes(f"{s3_bucket}/run/a.json") == b"{}"
+    assert storage.exists(f"{s3_bucket}/run/a.json")
+    storage.delete(f"{s3_bucket}/run/a.json")
+    assert not storage.exists(f"{s3_bucket}/run/a.json")
+
+
+def test_s3_missing_bucket_is_one_error_naming_it(s3_server: str) -> None:
+    with pytest.raises(DataError, match=r"output\.dir: cannot create s3://no-such-bucket/run"):
+        RunOutput("s3://no-such-bucket/run")
+
+
+def test_run_output_on_s3_publishes_marker_last(s3_bucket: str) -> None:
+    uri = f"{s3_bucket}/runs/r1"
+    with RunOutput(uri) as out:
+        assert out.remote and out.dir.name == "r1"
+        (out.dir / "metrics.json").write_text('{"a": 1}')
+        out.publish("metrics.json")
+        assert out.location("metrics.json") == f"{uri}/metrics.json"
+        preds = out.dir / "predictions"
+        preds.mkdir()
+        (preds / "part-0.parquet").write_bytes(b"p")
+        (preds / "_marker.json").write_text("{}")
+        out.publish_dir("predictions", marker="_marker.json")
+        staging = out.dir
+    assert not staging.exists()  # the staging directory is removed
+    fs, root = storage.resolve(uri)
+    names = sorted(i.path[len(root) + 1:] for i in
+                   fs.get_file_info(pafs.FileSelector(root, recursive=True))
+                   if i.type == pafs.FileType.File)
+    assert names == ["metrics.json", "predictions/_marker.json", "predictions/part-0.parquet"]
+    with RunOutput(uri) as again:  # a later stage reads what an earlier one published
+        fetched = again.fetch("metrics.json")
+        assert fetched is not None and json.loads(fetched.read_text()) == {"a": 1}
+        assert again.fetch("nothing.json") is None
+
+
+def test_checkpoints_on_s3_resume(s3_bucket: str) -> None:
+    from sparkdl.training.checkpoint import CheckpointStore, TrainingState
+
+    uri = f"{s3_bucket}/ckpt"
+    store = CheckpointStore(uri)
+    run_id = store.start_run(resume=False)
+    for step in (3, 6, 9):
+        store.save_worker_state(run_id, step, 1, b"rank1-%d" % step)
+        store.save(TrainingState(run_id, step, step // 3, 0, [{"loss": 1.0 / step}]),
+                   b"model-%d" % step, keep=2)
+    again = CheckpointStore(uri)
+    assert again.start_run(resume=True) == run_id
+    latest = again.latest(run_id)
+    assert latest is not None and latest.state.global_step == 9
+    assert latest.model_bytes == b"model-9"
+    assert latest.worker_state(again, 1) == b"rank1-9"
+    fs, root = storage.resolve(uri)
+    # a checkpoint without state.json (a writer killed mid-way) is never read, then removed
+    fs.create_dir(f"{root}/ckpt-0000000012")
+    storage.write_bytes(fs, f"{root}/ckpt-0000000012/model.keras", b"half")
+    assert again.latest(run_id).state.global_step == 9
+    CheckpointStore(uri).start_run(resume=True)
+    dirs = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(root))
+                  if i.type == pafs.FileType.Directory)
+    assert dirs == ["ckpt-0000000006", "ckpt-0000000009"]
+
+
+def test_conf_from_s3(s3_bucket: str) -> None:
+    from sparkdl.config import load_config
+
+    fs, root = storage.resolve(s3_bucket)
+    storage.write_bytes(fs, f"{root}/job.yaml", b"training:\n  epochs: 3\n")
+    assert load_config(f"{s3_bucket}/job.yaml").training.epochs == 3
+    with pytest.raises(ConfigurationError, match=r"configuration file s3://.*/none\.yaml"):
+        load_config(f"{s3_bucket}/none.yaml")
+
+
+def test_configure_s3_sets_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(storage.S3_ENDPOINT_ENV, raising=False)
+    environment: dict[str, str] = {}
+
+    class Context:  # what configure_s3 uses of a SparkContext: its environment mapping
+        pass
+
+    context = Context()
+    context.environment = environment  # type: ignore[attr-defined]
+    storage.configure_s3("http://minio:9000", None, context)  # type: ignore[arg-type]
+    import os
+
+    assert os.environ[storage.S3_ENDPOINT_ENV] == "http://minio:9000"
+    assert environment == {storage.S3_ENDPOINT_ENV: "http://minio:9000"}
+
+
+def test_shards_on_s3_read_by_sparkdls_reader(s3_bucket: str, tmp_path: Path) -> None:
+    """Shards copied to S3 are read there by the workers' pyarrow reader (only Spark's own
+    reading and writing of shards needs Hadoop's s3a)."""
+    import numpy as np
+    from test_data_reader import make_shards
+
+    from sparkdl.data.files import read_metadata
+    from sparkdl.data.reader import read_all
+
+    local, _ = make_shards(tmp_path / "shards", [[4, 3], [5]])
+    storage.upload(local, f"{s3_bucket}/shards")
+    metadata = read_metadata(f"{s3_bucket}/shards")  # footers checked on S3
+    x, y = read_all(f"{s3_bucket}/shards", metadata)
+    lx, ly = read_all(local)
+    np.testing.assert_array_equal(x, lx)
+    np.testing.assert_array_equal(y, ly)
