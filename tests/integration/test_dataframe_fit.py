@@ -1,0 +1,147 @@
+"""SparkModel on DataFrames: fit / evaluate / predict through the run store, real Spark + TF."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparkdl import DenseTrainingMaster, SparkModel
+from sparkdl.errors import ConfigurationError, DataError
+
+pytestmark = pytest.mark.spark
+
+
+def _classifier(num_inputs: int, num_classes: int, seed: int = 3):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input(shape=(num_inputs,)),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(num_classes, activation="softmax"),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy")
+    return model
+
+
+def _regressor(num_inputs: int, num_outputs: int, seed: int = 3):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input(shape=(num_inputs,)), keras.layers.Dense(num_outputs)])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    return model
+
+
+@pytest.fixture(scope="module")
+def iris(spark):
+    """Iris with four numeric columns and a string label."""
+    from sklearn.datasets import load_iris
+
+    data = load_iris()
+    names = [str(n) for n in data.target_names]
+    rows = [(*map(float, x), names[int(y)]) for x, y in zip(data.data, data.target, strict=True)]
+    return spark.createDataFrame(rows, "a double, b double, c double, d double, species string")
+
+
+def _store_entries(store):
+    from pathlib import Path
+
+    return sorted(p.name for p in Path(store).iterdir() if not p.name.startswith("."))
+
+
+def test_fit_on_columns_with_string_labels_reuses_its_shards(spark, iris, tmp_path):
+    store = str(tmp_path / "store")
+    spark_model = SparkModel(spark, _classifier(4, 3),
+                             DenseTrainingMaster(batch_size_per_worker=16, num_workers=2))
+    history = spark_model.fit(iris, epochs=3, features_col=["a", "b", "c", "d"],
+                              label_col="species", store=store)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert spark_model.label_spec.classes == ["setosa", "versicolor", "virginica"]
+    written = _store_entries(store)
+    assert len(written) == 1
+
+    spark_model.fit(iris, epochs=1, features_col=["a", "b", "c", "d"], label_col="species",
+                    store=store)
+    assert _store_entries(store) == written  # the same DataFrame: the same shards
+    evaluation = spark_model.evaluate(iris, features_col=["a", "b", "c", "d"],
+                                      label_col="species", store=store)
+    assert evaluation.count == 150 and evaluation.accuracy() > 0.6, evaluation.stats()
+    assert _store_entries(store) == written
+
+    predictions = spark_model.predict(iris, features_col=["a", "b", "c", "d"])
+    assert dict(predictions.dtypes)["prediction"] == "double"
+    assert dict(predictions.dtypes)["probability"] == "vector"
+    rows = predictions.select("prediction", "probability", "species").collect()
+    probabilities = np.array([r.probability.toArray() for r in rows])
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+    assert [r.prediction for r in rows] == probabilities.argmax(axis=1).tolist()
+
+    from sparkdl.data.store import open_store
+
+    open_store(store).cleanup()  # what the process does at exit
+    assert _store_entries(store) == []
+
+
+def test_fit_on_a_vector_column_keeps_shards_when_asked(spark, iris, tmp_path):
+    from pyspark.ml.feature import StringIndexer, VectorAssembler
+
+    indexed = StringIndexer(inputCol="species", outputCol="label").fit(iris).transform(iris)
+    df = VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features").transform(indexed)
+    store = str(tmp_path / "kept")
+    spark_model = SparkModel(spark, _classifier(4, 3),
+                             DenseTrainingMaster(batch_size_per_worker=16, num_workers=2))
+    spark_model.fit(df, epochs=1, store=store, keep_shards=True)
+    # the indexer's labels (Spark ML metadata) name the classes
+    assert sorted(spark_model.label_spec.classes) == ["setosa", "versicolor", "virginica"]
+    from sparkdl.data.store import open_store
+
+    open_store(store, keep=True).cleanup()
+    assert len(_store_entries(store)) == 1
+
+
+def test_regression_fits_from_a_dataframe_and_predicts_its_output_vector(spark, tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 3))
+    y = np.stack([x @ [1.0, -2.0, 0.5], x @ [0.3, 0.3, -1.0]], axis=1)
+    rows = [(xi.tolist(), yi.tolist()) for xi, yi in zip(x, y, strict=True)]
+    df = spark.createDataFrame(rows, "features array<double>, target array<double>")
+    spark_model = SparkModel(spark, _regressor(3, 2),
+                             DenseTrainingMaster(batch_size_per_worker=32, num_workers=2))
+    history = spark_model.fit(df, epochs=4, label_col="target", store=str(tmp_path / "s"))
+    assert spark_model.label_spec.kind == "regression"
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+    predictions = spark_model.predict(df)
+    assert dict(predictions.dtypes)["prediction"] == "vector"
+    assert "probability" not in predictions.columns
+    got = np.array([r.prediction.toArray() for r in predictions.select("prediction").collect()])
+    assert got.shape == (256, 2)
+    expected = spark_model.model.predict(x.astype(np.float32), verbose=0)
+    np.testing.assert_allclose(np.sort(got, axis=0), np.sort(expected, axis=0), rtol=1e-4,
+                               atol=1e-5)
+
+    one = spark.createDataFrame([(1.0, 2.0, 3.0)], "a double, b double, c double")
+    single = SparkModel(spark, _regressor(3, 1), DenseTrainingMaster())
+    assert dict(single.predict(one, features_col=["a", "b", "c"]).dtypes)["prediction"] == (
+        "double"
+    )
+
+
+def test_wrong_arguments_say_what_is_accepted(spark, iris, tmp_path):
+    spark_model = SparkModel(spark, _classifier(4, 3), DenseTrainingMaster())
+    with pytest.raises(ConfigurationError, match="takes a Spark DataFrame or the URI"):
+        spark_model.fit(iris.toPandas(), epochs=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="takes a Spark DataFrame or the URI"):
+        spark_model.predict(42)  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="has no column 'nope'"):
+        spark_model.fit(iris, features_col="nope", label_col="species", store=str(tmp_path))
+    with pytest.raises(DataError, match="accepted: a Spark ML vector column"):
+        spark_model.fit(iris, features_col="species", label_col="species", store=str(tmp_path))
+    with pytest.raises(ConfigurationError, match="label_kind must be"):
+        spark_model.fit(iris, features_col=["a", "b"], label_col="species", label_kind="x")
+    two_class = SparkModel(spark, _classifier(4, 2), DenseTrainingMaster())
+    with pytest.raises(ConfigurationError, match=r"has 3 classes .* the model outputs 2"):
+        two_class.fit(iris, features_col=["a", "b", "c", "d"], label_col="species",
+                      store=str(tmp_path))
+    assert _store_entries(tmp_path) == []  # nothing half-written
