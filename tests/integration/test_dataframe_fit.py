@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _frame_fixtures import classifier as _classifier
+from _frame_fixtures import iris_frame
+from _frame_fixtures import regressor as _regressor
 
 from sparkdl import DenseTrainingMaster, SparkModel
 from sparkdl.errors import ConfigurationError, DataError
@@ -11,37 +14,9 @@ from sparkdl.errors import ConfigurationError, DataError
 pytestmark = pytest.mark.spark
 
 
-def _classifier(num_inputs: int, num_classes: int, seed: int = 3):
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input(shape=(num_inputs,)),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dense(num_classes, activation="softmax"),
-    ])
-    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy")
-    return model
-
-
-def _regressor(num_inputs: int, num_outputs: int, seed: int = 3):
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input(shape=(num_inputs,)), keras.layers.Dense(num_outputs)])
-    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
-    return model
-
-
 @pytest.fixture(scope="module")
 def iris(spark):
-    """Iris with four numeric columns and a string label."""
-    from sklearn.datasets import load_iris
-
-    data = load_iris()
-    names = [str(n) for n in data.target_names]
-    rows = [(*map(float, x), names[int(y)]) for x, y in zip(data.data, data.target, strict=True)]
-    return spark.createDataFrame(rows, "a double, b double, c double, d double, species string")
+    return iris_frame(spark)
 
 
 def _store_entries(store):
