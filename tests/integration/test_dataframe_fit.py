@@ -120,3 +120,20 @@ def test_wrong_arguments_say_what_is_accepted(spark, iris, tmp_path):
         two_class.fit(iris, features_col=["a", "b", "c", "d"], label_col="species",
                       store=str(tmp_path))
     assert _store_entries(tmp_path) == []  # nothing half-written
+
+
+def test_fingerprint_follows_the_plan_and_the_input_files(spark, tmp_path):
+    from sparkdl.data.store import fingerprint
+
+    path = str(tmp_path / "input.parquet")
+    spark.range(20).selectExpr("id", "id * 2.0 AS x").write.parquet(path)
+    first = fingerprint(spark.read.parquet(path).select("x"))
+    assert fingerprint(spark.read.parquet(path).select("x")) == first  # rebuilt: same
+    assert fingerprint(spark.read.parquet(path).select("id")) != first  # another plan
+    assert fingerprint(spark.read.parquet(path).select("x"), {"k": 1}) != first  # options
+    spark.range(21).selectExpr("id", "id * 2.0 AS x").write.mode("overwrite").parquet(path)
+    assert fingerprint(spark.read.parquet(path).select("x")) != first  # new files
+
+    local = spark.createDataFrame([(1.0,)], "x double")
+    assert fingerprint(local) == fingerprint(local)
+    assert fingerprint(local) != fingerprint(spark.createDataFrame([(1.0,)], "x double"))
