@@ -56,13 +56,28 @@ def fingerprint(df: DataFrame, options: dict[str, Any] | None = None) -> str:
     """A hex digest that is the same for the same plan over the same inputs (see module doc)."""
     plan = df._jdf.queryExecution().optimizedPlan()
     parts: dict[str, Any] = {
-        "plan": _EXPR_ID.sub("", plan.toString()),
+        "plan": _EXPR_ID.sub("", _full_plan_text(df, plan)),
         "schema": df.schema.json(),
         "options": options or {},
         "leaves": _leaf_identities(df, plan),
     }
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _full_plan_text(df: DataFrame, plan: Any) -> str:
+    """The plan's text with every field shown (Spark truncates wide plans by default)."""
+    conf = df.sparkSession.conf
+    key = "spark.sql.debug.maxToStringFields"
+    previous = conf.get(key, None)
+    conf.set(key, str(2**31 - 1))
+    try:
+        return str(plan.toString())
+    finally:
+        if previous is None:
+            conf.unset(key)
+        else:
+            conf.set(key, previous)
 
 
 def _leaf_identities(df: DataFrame, plan: Any) -> list[Any]:
