@@ -11,6 +11,7 @@ from sparkdl.errors import ConfigurationError
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow  # a fit, three transforms, two saves and loads: over 30 s on 2 cores
 def test_pipeline_fits_transforms_saves_and_loads(spark, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import StringIndexer, VectorAssembler
