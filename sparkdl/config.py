@@ -167,6 +167,12 @@ class TrainingConfig(_Section):
     save_updater: bool = True
     report_score_after_averaging: bool = False
     checkpoint_dir: str | None = None
+    store: str | None = Field(
+        default=None,
+        description="run store for shards written from DataFrames (fit/evaluate on a "
+        "DataFrame, KerasEstimator): a filesystem URI on shared storage; None: a temporary "
+        "directory, local masters only",
+    )
     checkpoint_every: int = Field(default=1, ge=1)
     checkpoint_unit: Literal["epochs", "steps"] = "epochs"
     validation: str = Field(

@@ -12,11 +12,12 @@ import logging
 import re
 import secrets
 import socket
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import ClusterConfig
 from sparkdl.data.files import read_metadata
-from sparkdl.errors import ConfigurationError, TrainingError
+from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
 from sparkdl.training.launcher import KerasFit
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import keras
     from pyspark.sql import DataFrame, SparkSession
 
+    from sparkdl.data.frames import FeaturesCol, LabelSpec
     from sparkdl.etl.normalizers import Normalizer
     from sparkdl.training.driver import FitResult
 
@@ -39,6 +41,11 @@ class SparkModel(KerasFit):
     >>> spark_model = SparkModel(spark, keras_model, tm)
     >>> spark_model.fit("file:///data/train", epochs=10)
     >>> print(spark_model.evaluate("file:///data/test").stats())
+
+    ``fit``, ``evaluate`` and ``predict`` also take DataFrames (Spark ML vector, array or
+    numeric feature columns): ``spark_model.fit(df, features_col="features",
+    label_col="label")`` writes ``df`` as shards into a run store
+    (:mod:`sparkdl.data.store`) and trains on them.
     """
 
     def __init__(
@@ -58,8 +65,81 @@ class SparkModel(KerasFit):
         self.cluster = cluster or ClusterConfig()
         self.custom_objects = custom_objects
         self.last_fit: FitResult | None = None
+        self.label_spec: LabelSpec | None = None  # what fit() learned about the labels
 
     # Training --------------------------------------------------------------------------
+
+    def fit(  # type: ignore[override]
+        self,
+        data: str | DataFrame,
+        epochs: int = 1,
+        *,
+        features_col: FeaturesCol = "features",
+        label_col: str = "label",
+        label_kind: str | None = None,
+        store: str | None = None,
+        keep_shards: bool = False,
+        validation_data: str | DataFrame | None = None,
+        **kwargs: Any,
+    ) -> FitResult:
+        """Train on a shard directory URI or a DataFrame, as Keras's ``Model.fit`` does.
+
+        A DataFrame is written once as shards into the run store ``store`` (a filesystem URI;
+        default: a temporary directory, local masters only) and reused when the same
+        DataFrame is fitted or evaluated again in this process; the shards are deleted when
+        the process exits unless ``keep_shards=True``. ``features_col`` names a Spark ML
+        vector column, an ``array<numeric>`` column or numeric column(s); ``label_kind``
+        (``"class"`` / ``"regression"``) overrides the inferred kind (see
+        :mod:`sparkdl.data.frames`). ``validation_data`` may be a DataFrame too. The other
+        arguments are :meth:`KerasFit.fit`'s.
+        """
+        if _is_dataframe(data):
+            self.label_spec = None
+            data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards)
+        elif isinstance(data, str):
+            meta = read_metadata(data)
+            from sparkdl.data.frames import LabelSpec
+
+            self.label_spec = LabelSpec(meta.label_kind, list(meta.classes))
+        else:
+            raise ConfigurationError(
+                "fit() takes a Spark DataFrame or the URI of a shard directory (str), "
+                f"got {type(data).__name__}"
+            )
+        if _is_dataframe(validation_data):
+            validation_data = self._shards_of(
+                validation_data, features_col, label_col, label_kind, store, keep_shards
+            )
+        return super().fit(data, epochs, validation_data=validation_data, **kwargs)
+
+    def _shards_of(
+        self, df: DataFrame, features_col: FeaturesCol, label_col: str,
+        label_kind: str | None, store: str | None, keep_shards: bool,
+    ) -> str:
+        """Shards of ``df`` in the run store, written if the store has none for it yet."""
+        from sparkdl.data.frames import label_spec, model_feature_shape, training_frame
+        from sparkdl.data.store import fingerprint, open_store
+        from sparkdl.data.writer import write_shards
+
+        run_store = open_store(store, keep=keep_shards)
+        run_store.check_reachable(self.spark.sparkContext.master)
+        fitted = self.label_spec
+        spec = label_spec(df, label_col, self.model, label_kind or (fitted and fitted.kind),
+                          fitted.classes if fitted and fitted.kind == "class" else None)
+        frame = training_frame(df, features_col, label_col, spec)
+        feature_shape = model_feature_shape(self.model)
+        num_workers = self.training_master.num_workers
+        options = {"label": spec.get_config(), "feature_shape": feature_shape,
+                   "num_workers": num_workers}
+        uri = run_store.shards(
+            fingerprint(frame, options),
+            lambda target: write_shards(
+                frame, target, feature_shape=feature_shape, label_kind=spec.kind,
+                classes=spec.classes, num_workers=num_workers,
+            ),
+        )
+        self.label_spec = self.label_spec or spec
+        return uri
 
     def _launcher(self) -> _SparkLauncher:
         return _SparkLauncher(self)
@@ -101,15 +181,22 @@ class SparkModel(KerasFit):
 
     def evaluate(
         self,
-        data_uri: str,
+        data: str | DataFrame,
         batch_size: int = 256,
         *,
         evaluations: EvaluationRequest | None = None,
+        features_col: FeaturesCol = "features",
+        label_col: str = "label",
+        store: str | None = None,
+        keep_shards: bool = False,
     ) -> Any:
-        """Evaluate the current model on a shard directory, on the executors, in one pass.
+        """Evaluate the current model on a shard directory or a DataFrame, on the executors,
+        in one pass.
 
         Args:
-            data_uri: the shard directory.
+            data: the shard directory, or a DataFrame whose labels are read as in :meth:`fit`
+                (string labels map to the classes ``fit`` saw); its shards go to the run
+                store ``store`` (kept with ``keep_shards``).
             batch_size: rows per prediction batch.
             evaluations: ``None`` for the default evaluation of the labels (an
                 :class:`~sparkdl.evaluation.Evaluation` for classes, a
@@ -119,9 +206,18 @@ class SparkModel(KerasFit):
                 and returned merged, as a list in the same order. For shards with several
                 outputs, a dict of such lists by output name (a missing output gets its
                 default); the result is then a dict by output name.
+            features_col, label_col: the DataFrame's columns (as in :meth:`fit`).
         """
         from sparkdl.training.serialization import model_to_bytes
 
+        if _is_dataframe(data):
+            data = self._shards_of(data, features_col, label_col, None, store, keep_shards)
+        elif not isinstance(data, str):
+            raise ConfigurationError(
+                "evaluate() takes a Spark DataFrame or the URI of a shard directory (str), "
+                f"got {type(data).__name__}"
+            )
+        data_uri = data
         metadata = read_metadata(data_uri)
         plan = evaluation_plan(metadata, evaluations)
         templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
@@ -171,27 +267,32 @@ class SparkModel(KerasFit):
         batch_size: int = 256,
         *,
         normalizer: Normalizer | dict[str, Any] | str | None = None,
+        features_col: FeaturesCol = "features",
+        label_kind: str | None = None,
+        prediction_col: str = "prediction",
+        probability_col: str = "probability",
     ) -> DataFrame:
-        """Predict on a shard directory or a DataFrame with a ``features`` array column.
+        """Predict on a shard directory or a DataFrame; returns its rows with Spark ML columns.
 
-        Returns the input rows with ``prediction`` (class index, or the output vector for
-        regression) and ``scores`` (the model's output vector) columns.
+        Classification: ``prediction`` (double, the class index) and ``probability`` (a Spark
+        ML vector of the class probabilities). Regression: ``prediction`` is the model's
+        output, a double for one output and a Spark ML vector for several. The kind is
+        ``label_kind``, else the shards' or the last ``fit``'s, else inferred from the model
+        (softmax or one-unit sigmoid output: classification). ``features_col`` is as in
+        :meth:`fit`.
 
-        ``normalizer`` normalizes raw ``features`` on the executors before the model sees them,
+        ``normalizer`` normalizes raw features on the executors before the model sees them,
         with the same math as the ETL (``Normalizer.apply_numpy``): a fitted normalizer, its
         ``to_config()`` dict, or a shard directory whose ``_sparkdl.json`` holds one, such as
         the shards the model was trained on. Shards written with a normalizer are already
         normalized: predict on them without one.
         """
-        import numpy as np
-        import pandas as pd
-        from pyspark.sql import types as T
+        from pyspark.ml.functions import array_to_vector
+        from pyspark.sql import functions as F
 
-        from sparkdl.etl.normalizers import normalizer_from_config
-        from sparkdl.training.serialization import model_to_bytes
+        from sparkdl.data.frames import features_column, infer_model_kind, model_output_width
 
         norm_config = _normalizer_config(normalizer)
-
         if isinstance(data, str):
             metadata = read_metadata(data)
             if metadata.multi:
@@ -202,37 +303,80 @@ class SparkModel(KerasFit):
                 )
             df = self.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
             feature_shape = metadata.feature_shape
-        else:
+            kind = label_kind or metadata.label_kind
+        elif _is_dataframe(data):
             df = data
-            if "features" not in df.columns:
-                raise ConfigurationError(
-                    f"predict() needs a 'features' column; the DataFrame has {df.columns}"
-                )
             feature_shape = [int(d) for d in self.model.input_shape[1:]]
+            fitted = self.label_spec.kind if self.label_spec else None
+            kind = label_kind or fitted or infer_model_kind(self.model)
+        else:
+            raise ConfigurationError(
+                "predict() takes a Spark DataFrame or the URI of a shard directory (str), "
+                f"got {type(data).__name__}"
+            )
+        if kind not in ("class", "regression"):
+            raise ConfigurationError(f"label_kind must be 'class' or 'regression', got {kind!r}")
+        for name in (prediction_col, probability_col):
+            if name in df.columns:
+                raise DataError(f"predict(): the DataFrame already has a column {name!r}; "
+                                "choose another output column name")
+        scores_udf = self._scores_udf(feature_shape, batch_size, norm_config)
+        inputs, scores = "__sparkdl_inputs", F.col("__sparkdl_scores")
+        out = (df.withColumn(inputs, features_column(df, features_col))
+               .withColumn("__sparkdl_scores", scores_udf(F.col(inputs))))
+        width = model_output_width(self.model)
+        if kind == "regression":
+            value = scores[0].cast("double") if width == 1 else array_to_vector(scores)
+            out = out.withColumn(prediction_col, value)
+        elif width == 1:  # a one-unit sigmoid: P(class 1)
+            out = (out.withColumn(probability_col,
+                                  array_to_vector(F.array(1 - scores[0], scores[0])))
+                   .withColumn(prediction_col, (scores[0] >= 0.5).cast("double")))
+        else:
+            argmax = F.array_position(scores, F.array_max(scores)) - 1
+            out = (out.withColumn(prediction_col, argmax.cast("double"))
+                   .withColumn(probability_col, array_to_vector(scores)))
+        return out.drop(inputs, "__sparkdl_scores")
+
+    def _scores_udf(
+        self, feature_shape: Sequence[int], batch_size: int, norm_config: dict[str, Any] | None
+    ) -> Any:
+        """A pandas UDF: ``array<float>`` features → the model's output vector, on executors."""
+        import warnings
+
+        import numpy as np
+        import pandas as pd
+        from pyspark.sql.functions import PandasUDFType, pandas_udf
+
+        from sparkdl.etl.normalizers import normalizer_from_config
+        from sparkdl.training.serialization import model_to_bytes
+
         model_broadcast = self.spark.sparkContext.broadcast(model_to_bytes(self.model))
         threads, custom_objects = self._task_cpus(), self.custom_objects
-        schema = T.StructType(
-            [*df.schema.fields,
-             T.StructField("prediction", T.LongType()),
-             T.StructField("scores", T.ArrayType(T.FloatType()))]
-        )
+        shape = [int(d) for d in feature_shape]
 
-        def predict_batches(frames):
+        def predict_scores(batches):  # Iterator[pd.Series] -> Iterator[pd.Series]
             model = _load_task_model(model_broadcast.value, custom_objects, threads)
             norm = normalizer_from_config(norm_config) if norm_config else None
-            for frame in frames:
-                for start in range(0, len(frame), batch_size):
-                    part = frame.iloc[start : start + batch_size].copy()
-                    x = np.stack(part["features"].to_numpy()).astype(np.float32)
+            for features in batches:
+                if len(features) == 0:
+                    yield pd.Series([], dtype=object)
+                    continue
+                outputs = []
+                for start in range(0, len(features), batch_size):
+                    part = features.iloc[start : start + batch_size]
+                    x = np.stack(part.to_numpy()).astype(np.float32)
                     if norm is not None:
                         x = norm.apply_numpy(x)
-                    scores = np.asarray(model.predict_on_batch(x.reshape(-1, *feature_shape)))
-                    scores = scores.reshape(len(part), -1)
-                    part["prediction"] = scores.argmax(axis=1).astype(np.int64)
-                    part["scores"] = pd.Series(list(scores.astype(np.float32)), index=part.index)
-                    yield part
+                    y = np.asarray(model.predict_on_batch(x.reshape(-1, *shape)))
+                    outputs.extend(y.reshape(len(part), -1).astype(np.float32))
+                yield pd.Series(outputs, index=features.index)
 
-        return df.mapInPandas(predict_batches, schema)
+        with warnings.catch_warnings():  # the hints would be strings here (future annotations)
+            warnings.simplefilter("ignore", UserWarning)
+            udf = pandas_udf(predict_scores, "array<float>", PandasUDFType.SCALAR_ITER)
+        # not deterministic for the optimizer: the model runs once per row, never twice
+        return udf.asNondeterministic()
 
 
 def _normalizer_config(
@@ -486,6 +630,12 @@ def _root_cause(exc: BaseException) -> str:
         return f"{match.group(1)}: {match.group(2)}"
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def _is_dataframe(data: Any) -> bool:
+    from pyspark.sql import DataFrame
+
+    return isinstance(data, DataFrame)
 
 
 def _join(uri: str, relative: str) -> str:

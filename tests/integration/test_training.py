@@ -81,7 +81,7 @@ def test_dense_baseline_and_predict(spark, digits_shards, model_for):
     predictions = spark_model.predict(digits_shards["test"]).toPandas()
     assert len(predictions) == digits_shards["test_rows"]
     assert (predictions["prediction"] == predictions["label"]).mean() > 0.8
-    assert len(predictions["scores"][0]) == 10
+    assert len(predictions["probability"][0]) == 10
 
 
 def test_predict_normalizes_raw_features_as_the_etl_did(spark, digits_shards, model_for):
@@ -102,7 +102,8 @@ def test_predict_normalizes_raw_features_as_the_etl_did(spark, digits_shards, mo
 
     def scores(df):
         frame = df.toPandas().sort_values("id")
-        return np.stack(frame["scores"].to_numpy()), frame["prediction"].to_numpy()
+        probabilities = [v.toArray() for v in frame["probability"]]
+        return np.stack(probabilities), frame["prediction"].to_numpy()
 
     got, got_classes = scores(spark_model.predict(raw, normalizer=train))
     want, want_classes = scores(spark_model.predict(by_etl))

@@ -1,0 +1,233 @@
+"""Spark ML: :class:`KerasEstimator` fits a Keras model on Spark and returns a
+:class:`KerasModel` Transformer; both work inside ``pyspark.ml.Pipeline`` and round-trip
+through ``save`` / ``load``.
+
+>>> pipeline = Pipeline(stages=[
+...     StringIndexer(inputCol="species", outputCol="label"),
+...     VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features"),
+...     KerasEstimator(model=keras_model, epochs=5, trainingConfig={"mode": "dense"}),
+... ])
+>>> fitted = pipeline.fit(train_df); fitted.transform(test_df)  # prediction, probability
+
+A saved stage is a directory: Spark ML's ``metadata/`` (class and Params, JSON) plus
+``model.keras`` (the Keras model: the untrained one for an estimator, the trained one for a
+model).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (
+    HasFeaturesCol,
+    HasLabelCol,
+    HasPredictionCol,
+    HasProbabilityCol,
+)
+from pyspark.ml.util import (
+    DefaultParamsReader,
+    DefaultParamsWriter,
+    MLReadable,
+    MLReader,
+    MLWritable,
+    MLWriter,
+)
+
+from sparkdl.config import TrainingConfig, describe_validation_error
+from sparkdl.data.metadata import join, resolve
+from sparkdl.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import keras
+    from pyspark.sql import DataFrame
+
+    from sparkdl.training.driver import FitResult
+
+MODEL_FILE = "model.keras"
+
+
+class _HasLabelKind(Params):
+    labelKind = Param(
+        Params._dummy(), "labelKind",
+        "'class', 'regression', or 'auto' (inferred from the label column and the model)",
+        typeConverter=TypeConverters.toString,
+    )
+
+    def getLabelKind(self) -> str:
+        return self.getOrDefault(self.labelKind)
+
+
+class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, _HasLabelKind):
+    """Params both stages share; ``model`` is the Keras model they hold (not a Param)."""
+
+    model: keras.Model
+
+    def _check_model(self, model: Any) -> None:
+        if model is None or not hasattr(model, "predict_on_batch"):
+            raise ConfigurationError(
+                f"{type(self).__name__} needs a compiled keras.Model as model=, "
+                f"got {type(model).__name__}"
+            )
+
+    def write(self) -> MLWriter:
+        return _KerasStageWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _KerasStageReader(cls)
+
+
+class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadable):
+    """Fits a compiled Keras model on Spark with sparkdl's training masters.
+
+    Params: ``featuresCol`` (a vector or array column; default ``features``), ``labelCol``
+    (``label``), ``predictionCol``, ``probabilityCol``, ``epochs``, ``batchSize`` (per
+    worker), ``trainingConfig`` (the ``training`` section of a job configuration as a dict:
+    ``mode``, ``num_workers``, ``threshold``, ..., ``store``; ``epochs`` and ``batchSize``
+    override its values when set), ``labelKind``, ``store`` (the run store URI; default
+    ``trainingConfig["store"]``, else a temporary directory), ``keepShards``, ``verbose``.
+    The model passed in is never changed: each ``fit`` trains a copy.
+    """
+
+    epochs = Param(Params._dummy(), "epochs", "number of epochs",
+                   typeConverter=TypeConverters.toInt)
+    batchSize = Param(Params._dummy(), "batchSize", "minibatch size per worker",
+                      typeConverter=TypeConverters.toInt)
+    trainingConfig = Param(Params._dummy(), "trainingConfig",
+                           "the training section of a sparkdl job configuration (dict)")
+    store = Param(Params._dummy(), "store", "run store URI for the shards ('' = default)",
+                  typeConverter=TypeConverters.toString)
+    keepShards = Param(Params._dummy(), "keepShards", "keep the shards after the process",
+                       typeConverter=TypeConverters.toBoolean)
+    verbose = Param(Params._dummy(), "verbose", "0 silent, 1 progress bar, 2 line per epoch",
+                    typeConverter=TypeConverters.toInt)
+
+    def __init__(self, model: keras.Model | None = None, **params: Any) -> None:
+        super().__init__()
+        self._check_model(model)
+        self.model = model
+        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
+                         probabilityCol="probability", labelKind="auto", epochs=10,
+                         batchSize=32, trainingConfig={}, store="", keepShards=False,
+                         verbose=0)
+        self._set(**params)
+
+    def training_config(self) -> TrainingConfig:
+        """``trainingConfig`` validated, with ``epochs`` / ``batchSize`` applied when set."""
+        from pydantic import ValidationError
+
+        data = dict(self.getOrDefault(self.trainingConfig) or {})
+        if self.isSet(self.epochs):
+            data["epochs"] = self.getOrDefault(self.epochs)
+        if self.isSet(self.batchSize):
+            data["batch_size_per_worker"] = self.getOrDefault(self.batchSize)
+        try:
+            return TrainingConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigurationError(
+                describe_validation_error(exc, "KerasEstimator.trainingConfig")
+            ) from None
+
+    def _fit(self, dataset: DataFrame) -> KerasModel:
+        from sparkdl.spark_model import SparkModel
+        from sparkdl.training.masters import master_from_training_config
+        from sparkdl.training.serialization import model_from_bytes, model_to_bytes
+
+        training = self.training_config()
+        label_kind = self.getLabelKind()
+        model = model_from_bytes(model_to_bytes(self.model))  # a copy: fit twice, same start
+        spark_model = SparkModel(dataset.sparkSession, model,
+                                 master_from_training_config(training))
+        history = spark_model.fit(
+            dataset, epochs=training.epochs, features_col=self.getFeaturesCol(),
+            label_col=self.getLabelCol(),
+            label_kind=None if label_kind == "auto" else label_kind,
+            store=self.getOrDefault(self.store) or training.store,
+            keep_shards=self.getOrDefault(self.keepShards),
+            verbose=self.getOrDefault(self.verbose),
+        )
+        spec = spark_model.label_spec
+        fitted = KerasModel(
+            spark_model.model, featuresCol=self.getFeaturesCol(),
+            predictionCol=self.getPredictionCol(), probabilityCol=self.getProbabilityCol(),
+            labelKind=spec.kind if spec else "auto", classes=list(spec.classes) if spec else [],
+        )
+        fitted.history = history
+        return fitted
+
+
+class KerasModel(_KerasParams, Model, MLWritable, MLReadable):
+    """A trained Keras model as a Spark ML Transformer.
+
+    ``transform(df)`` adds ``predictionCol`` (double: the class index, or the regression
+    output; a vector for several outputs) and, for classification, ``probabilityCol`` (a
+    Spark ML vector). ``classes`` holds the class names in index order (a ``StringIndexer``'s
+    labels when the estimator saw them). ``history`` is the fit's Keras ``History`` (not saved).
+    """
+
+    classes = Param(Params._dummy(), "classes", "class names in index order",
+                    typeConverter=TypeConverters.toListString)
+
+    def __init__(self, model: keras.Model | None = None, **params: Any) -> None:
+        super().__init__()
+        self._check_model(model)
+        self.model = model
+        self.history: FitResult | None = None
+        self._setDefault(featuresCol="features", predictionCol="prediction",
+                         probabilityCol="probability", labelKind="auto", classes=[])
+        self._set(**params)
+
+    def getClasses(self) -> list[str]:
+        return self.getOrDefault(self.classes)
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        from sparkdl.spark_model import SparkModel
+        from sparkdl.training.masters import DenseTrainingMaster
+
+        label_kind = self.getLabelKind()
+        spark_model = SparkModel(dataset.sparkSession, self.model, DenseTrainingMaster())
+        return spark_model.predict(
+            dataset, features_col=self.getFeaturesCol(),
+            label_kind=None if label_kind == "auto" else label_kind,
+            prediction_col=self.getPredictionCol(), probability_col=self.getProbabilityCol(),
+        )
+
+
+class _KerasStageWriter(MLWriter):
+    """Spark ML's params metadata plus ``model.keras`` beside it."""
+
+    def __init__(self, instance: _KerasParams) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        from sparkdl.training.serialization import model_to_bytes
+
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        fs, root = resolve(path)
+        fs.create_dir(root, recursive=True)
+        with fs.open_output_stream(join(root, MODEL_FILE)) as stream:
+            stream.write(model_to_bytes(self.instance.model))
+
+
+class _KerasStageReader(MLReader):
+    def __init__(self, cls: type[_KerasParams]) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> Any:
+        from sparkdl.training.serialization import model_from_bytes
+
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        fs, root = resolve(path)
+        with fs.open_input_stream(join(root, MODEL_FILE)) as stream:
+            model = model_from_bytes(stream.read(), None)
+        instance = self.cls(model)
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        instance._resetUid(metadata["uid"])
+        return instance
+
+
+__all__ = ["KerasEstimator", "KerasModel"]
