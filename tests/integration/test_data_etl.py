@@ -94,8 +94,8 @@ def test_split_deterministic(spark) -> None:
 def test_digits_pipeline(spark, tmp_path: Path) -> None:
     from pipelines import get_pipeline
 
-    with pytest.raises(ConfigurationError, match="unknown pipeline 'petastorm'; known "
-                                                 "pipelines: csv, digits, digits_split, images, iris, mnist"):
+    with pytest.raises(ConfigurationError, match="unknown pipeline 'petastorm'; known pipelines: "
+                       "csv, digits, digits_split, images, iris, mnist"):
         get_pipeline("petastorm")
     out_dir = f"file://{tmp_path}/digits"
     result = get_pipeline("digits")(spark, out_dir, num_files=4)

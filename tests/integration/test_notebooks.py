@@ -37,6 +37,7 @@ def test_jupyter_notebook_runs_with_plots_and_progress(tmp_path, monkeypatch):
     assert len(figures) >= 2, "history curves and confusion matrix were not drawn"
 
 
+@pytest.mark.slow  # default suite under 20 minutes
 def test_databricks_notebook_runs(spark, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPARKDL_NOTEBOOK_DIR", str(tmp_path))
     monkeypatch.delenv("SPARKDL_DATA_ROOT", raising=False)
@@ -49,6 +50,7 @@ def test_databricks_notebook_runs(spark, tmp_path, monkeypatch, capsys):
     assert "epoch 3/3" in capsys.readouterr().out  # one progress line per epoch
 
 
+@pytest.mark.slow  # default suite under 20 minutes
 def test_zeppelin_note_runs(spark, tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKDL_NOTEBOOK_DIR", str(tmp_path))
     paragraphs = zeppelin_paragraphs(NOTEBOOKS / "mnist_zeppelin.zpln")

@@ -38,6 +38,7 @@ def test_parallel_wrapper_overlap_matches_sync_accuracy(digits_shards, make_mlp)
         accuracy, sync.history["val_accuracy"][-1])
 
 
+@pytest.mark.slow  # default suite under 20 minutes
 def test_spark_model_overlap_trains_like_parallel_wrapper(spark, digits_shards, make_mlp):
     meta = read_metadata(digits_shards["train"])
     spark_model = SparkModel(spark, make_mlp(meta.feature_shape, meta.num_classes),

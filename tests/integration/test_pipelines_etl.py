@@ -112,6 +112,7 @@ def test_images_pipeline(spark, tmp_path: Path) -> None:
     assert red == pytest.approx(0.299 * 250 / 255 + (0.587 + 0.114) * 10 / 255, abs=0.03)
 
 
+@pytest.mark.slow  # default suite under 20 minutes
 def test_iris_job_end_to_end(tmp_path: Path) -> None:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     proc = subprocess.run(
@@ -125,6 +126,7 @@ def test_iris_job_end_to_end(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "analysis.json").is_file()
 
 
+@pytest.mark.slow  # default suite under 20 minutes
 def test_samples_command_feeds_every_conf(spark, tmp_path: Path) -> None:
     """``sparkdl samples DIR`` writes inputs for the mnist, csv, diabetes and images confs, and each
     conf's ETL stage runs on them as a user would run it."""

@@ -89,7 +89,9 @@ def test_parser_commands_match_the_documented_list():
 
 def test_packaged_confs_are_found_by_name_with_or_without_yaml(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # outside the source tree: no conf/ here
-    assert packaged_confs() == ["csv", "diabetes", "digits", "digits_split", "images", "iris", "mnist"]
+    assert packaged_confs() == [
+        "csv", "diabetes", "digits", "digits_split", "images", "iris", "mnist"
+    ]
     assert resolve_conf("digits") == str(PACKAGED_DIR / "digits.yaml")
     assert resolve_conf("mnist.yaml") == str(PACKAGED_DIR / "mnist.yaml")
     assert resolve_conf("s3://bucket/job.yaml") == "s3://bucket/job.yaml"
@@ -104,7 +106,8 @@ def test_a_file_in_the_working_directory_wins_over_a_packaged_conf(tmp_path, mon
 
 def test_an_unknown_conf_names_the_packaged_ones(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigurationError, match=r"no conf of that name \(packaged: csv, diabetes, digits"):
+    with pytest.raises(ConfigurationError,
+                       match=r"no conf of that name \(packaged: csv, diabetes, digits"):
         resolve_conf("digit")
     with pytest.raises(ConfigurationError, match=r"^configuration file sub/digits.yaml does not "
                                                  r"exist$"):
