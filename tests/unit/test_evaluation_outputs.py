@@ -7,13 +7,13 @@ import json
 
 import numpy as np
 import pytest
+from _run_dir import write_run_dir
 
 from sparkdl.config import load_config
 from sparkdl.errors import ConfigurationError
 from sparkdl.evaluation import Evaluation, RegressionEvaluation, ROCMultiClass, TopNAccuracy
 from sparkdl.report import build_report, read_run
 from sparkdl.stages import evaluation_document, headline_figures
-from tests.unit._run_dir import write_run_dir
 
 
 def _classification():
