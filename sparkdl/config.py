@@ -123,6 +123,12 @@ class ThresholdConfig(_Section):
         "below (above) the band; default halves tau in 20 steps (DL4J)",
     )
     sparsity: float = Field(default=1e-3, gt=0, le=1)
+    min_elements: int = Field(
+        default=32,
+        ge=0,
+        description="adaptive and target_sparsity: a floor on elements sent per step (at most "
+        "half the update), so a small model is not starved by a fixed fraction; 0: none",
+    )
 
     @model_validator(mode="after")
     def _band(self) -> ThresholdConfig:
@@ -149,7 +155,13 @@ class ClippingConfig(_Section):
 class TrainingConfig(_Section):
     """The training master and its schedule."""
 
-    mode: Literal["sharing", "averaging", "dense"] = "sharing"
+    mode: Literal["auto", "sharing", "averaging", "dense"] = Field(
+        default="auto",
+        description="'auto': 'dense' for a model of at most "
+        "sparkdl.training.masters.AUTO_DENSE_MAX_PARAMETERS trainable parameters (its whole "
+        "update is a few hundred KiB a step: compression saves little and costs accuracy), "
+        "'sharing' above; resolved on the driver from the model, reported as metrics 'mode'",
+    )
     num_workers: int = Field(default=2, ge=1)
     batch_size_per_worker: int = Field(default=32, ge=1)
     epochs: int = Field(default=10, ge=1)

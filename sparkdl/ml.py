@@ -139,7 +139,7 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
         label_kind = self.getLabelKind()
         model = model_from_bytes(model_to_bytes(self.model))  # a copy: fit twice, same start
         spark_model = SparkModel(dataset.sparkSession, model,
-                                 master_from_training_config(training))
+                                 master_from_training_config(training, model))
         history = spark_model.fit(
             dataset, epochs=training.epochs, features_col=self.getFeaturesCol(),
             label_col=self.getLabelCol(),

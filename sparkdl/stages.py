@@ -110,7 +110,8 @@ def _train(
     model = build_model(config.model, metadata.feature_shape, num_outputs,
                         inputs=metadata.inputs, outputs=metadata.outputs)
     spark_model = SparkModel(
-        spark, model, master_from_training_config(config.training), cluster=config.cluster
+        spark, model, master_from_training_config(config.training, model),
+        cluster=config.cluster
     )
     training = config.training
     callbacks = []
@@ -163,7 +164,8 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     with output_dir(config) as out:
         model = keras.models.load_model(_trained_model(out))
         spark_model = SparkModel(
-            spark, model, master_from_training_config(config.training), cluster=config.cluster
+            spark, model, master_from_training_config(config.training, model),
+            cluster=config.cluster
         )
         per_output = evaluate_configured(spark_model, test_uri, config)
         for name, evaluations in per_output.items():
@@ -240,7 +242,8 @@ def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
         check_replaceable(target, marker=PREDICTIONS_MARKER)  # only what sparkdl wrote
         model = keras.models.load_model(_trained_model(out))
         spark_model = SparkModel(
-            spark, model, master_from_training_config(config.training), cluster=config.cluster
+            spark, model, master_from_training_config(config.training, model),
+            cluster=config.cluster
         )
         predictions = spark_model.predict(test_uri).drop("features")
         marker = json.dumps({"test_data": test_uri}) + "\n"

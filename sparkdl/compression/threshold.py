@@ -23,6 +23,7 @@ import numpy as np
 from sparkdl.errors import ConfigurationError
 
 __all__ = [
+    "DEFAULT_MIN_ELEMENTS",
     "DEFAULT_TAU",
     "MAX_TAU",
     "MIN_TAU",
@@ -39,6 +40,12 @@ __all__ = [
 
 #: The initial tau of every threshold algorithm and of the YAML ``training.threshold.initial``.
 DEFAULT_TAU = 1e-3
+
+#: The default floor on elements sent per step (``min_elements``) of the adaptive and
+#: target-sparsity algorithms: a fixed fraction of a small vector is next to nothing (1 % of
+#: a 131-parameter model is one element), so tau never rises while at most this many elements
+#: (at most half the vector) pass.
+DEFAULT_MIN_ELEMENTS = 32
 
 #: Range every adaptive tau is clamped to.
 MIN_TAU = 1e-12
@@ -98,6 +105,13 @@ def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigurationError(f"{name} must be an integer >= 0, got {value!r}")
     return int(value)
+
+
+def element_floor(min_elements: int, num_elements: int) -> int:
+    """Elements a step may send whatever the sparsity: ``min_elements``, at most half of
+    the ``num_elements`` (so tau still selects: sending every element as ±tau would throttle
+    the large ones to the smallest)."""
+    return min(min_elements, num_elements // 2)
 
 
 class ThresholdAlgorithm:
@@ -164,9 +178,12 @@ class AdaptiveThreshold(ThresholdAlgorithm):
     sparsity (``nnz / num_elements``) was below ``min_sparsity`` (too few elements sent) tau
     is multiplied by ``decay`` (< 1, so it shrinks; default ``0.5 ** (1 / 20)``: halved in 20
     steps, DL4J's default; YAML ``training.threshold.decay``); above ``max_sparsity`` it is
-    divided by ``decay``; inside the band it stays. Tau is clamped to ``[MIN_TAU, MAX_TAU]``.
-    An empty vector (``num_elements == 0``) changes nothing. Each rank adapts its own tau
-    from its own messages: the state (``tau``, ``last_sparsity``) is per rank.
+    divided by ``decay``; inside the band it stays. A floor keeps small models from
+    starving: tau never grows while at most ``min_elements`` elements (at most half the
+    vector; default :data:`DEFAULT_MIN_ELEMENTS`, 0 disables it) passed, however high the
+    sparsity. Tau is clamped to ``[MIN_TAU, MAX_TAU]``. An empty vector
+    (``num_elements == 0``) changes nothing. Each rank adapts its own tau from its own
+    messages: the state (``tau``, ``last_sparsity``) is per rank.
     """
 
     def __init__(
@@ -175,8 +192,10 @@ class AdaptiveThreshold(ThresholdAlgorithm):
         min_sparsity: float = 1e-4,
         max_sparsity: float = 1e-2,
         decay: float = 0.5 ** (1 / 20),
+        min_elements: int = DEFAULT_MIN_ELEMENTS,
     ) -> None:
         self.initial = _tau("initial", initial)
+        self.min_elements = _count("min_elements", min_elements)
         self.min_sparsity = _fraction("min_sparsity", min_sparsity)
         self.max_sparsity = _fraction("max_sparsity", max_sparsity)
         if self.min_sparsity > self.max_sparsity:
@@ -199,7 +218,9 @@ class AdaptiveThreshold(ThresholdAlgorithm):
         self.last_sparsity = sparsity
         if sparsity < self.min_sparsity:
             self.tau = max(self.tau * self.decay, MIN_TAU)
-        elif sparsity > self.max_sparsity:
+        elif sparsity > self.max_sparsity and nnz > element_floor(
+            self.min_elements, num_elements
+        ):
             self.tau = min(self.tau / self.decay, MAX_TAU)
 
     def get_state(self) -> dict[str, float | int]:
@@ -218,6 +239,7 @@ class AdaptiveThreshold(ThresholdAlgorithm):
             "min_sparsity": self.min_sparsity,
             "max_sparsity": self.max_sparsity,
             "decay": self.decay,
+            "min_elements": self.min_elements,
         }
 
 
@@ -228,15 +250,23 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
     enough that the target is about 64 of them, capped at the whole vector; the start of the
     stride moves with the step), and returns its ``(1 - sparsity)`` quantile via
     ``np.partition``. If that quantile is 0 (an almost-empty residual) the previous tau is
-    kept. The first tau before any residual is seen is ``initial`` (default 1e-3).
+    kept. The first tau before any residual is seen is ``initial`` (default 1e-3). The
+    target is at least ``min_elements`` elements (at most half the vector; default
+    :data:`DEFAULT_MIN_ELEMENTS`, 0 disables it), so a small model is not starved.
     """
 
     uses_residual: ClassVar[bool] = True
     _MIN_SAMPLE = 1 << 16
 
-    def __init__(self, sparsity: float = 1e-3, initial: float = DEFAULT_TAU) -> None:
+    def __init__(
+        self,
+        sparsity: float = 1e-3,
+        initial: float = DEFAULT_TAU,
+        min_elements: int = DEFAULT_MIN_ELEMENTS,
+    ) -> None:
         self.sparsity = _fraction("sparsity", sparsity)
         self.initial = _tau("initial", initial)
+        self.min_elements = _count("min_elements", min_elements)
         self.tau = min(max(self.initial, MIN_TAU), MAX_TAU)
 
     def threshold(self, step: int) -> float:
@@ -258,7 +288,8 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
         stride = max(1, n // want)
         offset = (step * 7919) % stride
         size = len(range(offset, n, stride))
-        return offset, stride, max(1, round(self.sparsity * size))
+        fraction = max(self.sparsity, element_floor(self.min_elements, n) / n)
+        return offset, stride, max(1, round(fraction * size))
 
     def accept_quantile(self, value: float) -> float:
         """Make the sample quantile ``value`` the new tau (clamped), unless it is 0 or not
@@ -275,7 +306,11 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
         self.tau = _tau("tau", state["tau"])
 
     def get_config(self) -> dict[str, Any]:
-        return {"sparsity": self.sparsity, "initial": self.initial}
+        return {
+            "sparsity": self.sparsity,
+            "initial": self.initial,
+            "min_elements": self.min_elements,
+        }
 
 
 class _Config:

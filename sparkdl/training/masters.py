@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 #: (TensorFlow, on the model's device) or ``"auto"`` (device when the model is on a GPU).
 ENCODERS = ("auto", "host", "device")
 
+#: ``training.mode: auto`` trains a model of at most this many trainable parameters with
+#: :class:`DenseTrainingMaster` and a larger one with :class:`SharedTrainingMaster`. Below it
+#: the dense update is at most 256 KiB a step, which a 1 Gb/s link carries in about 2 ms:
+#: compression saves little time there and starves a small model (README, "Small models").
+AUTO_DENSE_MAX_PARAMETERS = 65_536
+
 
 class TrainingMaster(abc.ABC):
     """Common settings: workers, per-worker batch size, seed."""
@@ -317,14 +323,42 @@ def master_from_config(config: dict[str, Any]) -> TrainingMaster:
     return MASTERS[mode].from_config(config)
 
 
-def master_from_training_config(training: TrainingConfig) -> TrainingMaster:
-    """Build the master a job configuration's ``training`` section describes."""
+def num_trainable_parameters(model: Any) -> int:
+    """Elements of ``model``'s trainable variables: the size of one update."""
+    total = 0
+    for variable in model.trainable_variables:
+        count = 1
+        for dim in variable.shape:
+            count *= int(dim)
+        total += count
+    return total
+
+
+def resolve_mode(mode: str, num_parameters: int) -> str:
+    """The mode ``training.mode`` names: ``"auto"`` is ``"dense"`` for at most
+    :data:`AUTO_DENSE_MAX_PARAMETERS` parameters and ``"sharing"`` above; others are kept."""
+    if mode != "auto":
+        return mode
+    return "dense" if num_parameters <= AUTO_DENSE_MAX_PARAMETERS else "sharing"
+
+
+def master_from_training_config(training: TrainingConfig, model: Any = None) -> TrainingMaster:
+    """Build the master a job configuration's ``training`` section describes; ``model`` (a
+    Keras model) resolves ``mode: auto`` from its trainable parameter count."""
+    mode = training.mode
+    if mode == "auto":
+        if model is None:
+            raise ConfigurationError(
+                "training.mode 'auto' is chosen from the model's parameter count: pass model= "
+                "or name a mode (sharing, averaging, dense)"
+            )
+        mode = resolve_mode(mode, num_trainable_parameters(model))
     common = {
         "batch_size_per_worker": training.batch_size_per_worker,
         "num_workers": training.num_workers,
         "seed": training.seed,
     }
-    if training.mode == "averaging":
+    if mode == "averaging":
         return ParameterAveragingTrainingMaster(
             **common,
             overlap=training.overlap,
@@ -332,20 +366,23 @@ def master_from_training_config(training: TrainingConfig) -> TrainingMaster:
             save_updater=training.save_updater,
             report_score_after_averaging=training.report_score_after_averaging,
         )
-    if training.mode == "dense":
+    if mode == "dense":
         return DenseTrainingMaster(**common, overlap=training.overlap)
     t = training.threshold
     threshold: ThresholdAlgorithm
     if t.algorithm == "fixed":
         threshold = FixedThreshold(t.initial)
     elif t.algorithm == "target_sparsity":
-        threshold = TargetSparsityThreshold(sparsity=t.sparsity, initial=t.initial)
+        threshold = TargetSparsityThreshold(
+            sparsity=t.sparsity, initial=t.initial, min_elements=t.min_elements
+        )
     else:
         threshold = AdaptiveThreshold(
             initial=t.initial,
             min_sparsity=t.min_sparsity,
             max_sparsity=t.max_sparsity,
             decay=t.decay,
+            min_elements=t.min_elements,
         )
     return SharedTrainingMaster(
         **common,

@@ -320,7 +320,7 @@ def test_master_encoder_config_round_trip() -> None:
     assert SharedTrainingMaster().encoder == "auto"
     with pytest.raises(ConfigurationError):
         SharedTrainingMaster(encoder="gpu")
-    training = TrainingConfig(encoder="device")
+    training = TrainingConfig(mode="sharing", encoder="device")
     assert master_from_training_config(training).encoder == "device"  # type: ignore[attr-defined]
     assert TrainingConfig().encoder == "auto"
 

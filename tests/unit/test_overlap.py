@@ -211,7 +211,8 @@ def test_overlap_is_refused_for_averaging_and_round_trips_elsewhere():
     for mode in ("sharing", "dense"):
         training = JobConfig(training={"mode": mode, "overlap": True}).training
         assert master_from_training_config(training).overlap is True
-    assert master_from_training_config(JobConfig().training).overlap is False
+    sharing = JobConfig(training={"mode": "sharing"}).training
+    assert master_from_training_config(sharing).overlap is False
 
 
 def test_sharing_over_the_per_host_accumulator_equals_the_flat_ring(overlap=True):
