@@ -106,7 +106,7 @@ def test_auto_master_follows_the_models_trainable_parameters() -> None:
 
 
 def test_auto_without_a_model_is_one_clear_error() -> None:
-    with pytest.raises(ConfigurationError, match="training.mode 'auto'.*pass model="):
+    with pytest.raises(ConfigurationError, match=r"training\.mode 'auto'.*pass model="):
         master_from_training_config(TrainingConfig())
 
 

@@ -1,0 +1,123 @@
+"""The default exchange is safe on every model size (issue 19.5).
+
+* Iris (the 4→16→3 MLP, 131 parameters) through ``KerasEstimator`` with its default training
+  config (``mode: auto``, which resolves to dense for so small a model) reaches the dense
+  mode's held-out accuracy on each of 6 seeds, in 40 epochs.
+* Gradient sharing reaches dense allreduce's test accuracy in the same epochs (Strom's and
+  DL4J's claim: no accuracy loss) on the digits MLP (17,226 parameters) and the LeNet of
+  ``conf/mnist.yaml`` (431,080 parameters): the mean over 3 seeds within 1 percentage point.
+  One seed alone differs by a few test rows either way (the digits test set has 374 rows,
+  one row is 0.27 pp), so each seed is held to 3 pp and the mean to 1 pp.
+
+Local processes (``ParallelWrapper``) run the parity fits: the point is the algorithm, and
+they run the Spark barrier task's worker loop without Spark's overhead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparkdl.data.files import read_metadata
+from sparkdl.parallel import ParallelWrapper
+from sparkdl.training.masters import DenseTrainingMaster, SharedTrainingMaster
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SEEDS = (1, 2, 3)
+MEAN_TOLERANCE = 0.01  # the issue's 1 percentage point, on the mean over SEEDS
+SEED_TOLERANCE = 0.03  # one seed: a handful of test rows
+
+
+def _iris_split(spark):  # type: ignore[no-untyped-def]
+    from sklearn.datasets import load_iris
+    from sklearn.model_selection import train_test_split
+
+    data = load_iris()
+    x_train, x_test, y_train, y_test = train_test_split(
+        data.data, data.target, test_size=0.3, random_state=0, stratify=data.target)
+    rows = [([float(v) for v in x], float(y)) for x, y in zip(x_train, y_train, strict=True)]
+    train = spark.createDataFrame(rows, "features array<double>, label double")
+    return train, x_test.astype(np.float32), y_test
+
+
+def test_iris_in_the_default_mode_reaches_dense_accuracy_on_every_seed(spark, tmp_path):
+    from _frame_fixtures import classifier
+
+    from sparkdl.ml import KerasEstimator
+
+    train, x_test, y_test = _iris_split(spark)
+    store = str(tmp_path / "store")
+    for seed in range(1, 7):
+        accuracy = {}
+        for name, config in (("default", {}), ("dense", {"mode": "dense"})):
+            estimator = KerasEstimator(model=classifier(4, 3, seed=seed), epochs=40,
+                                       trainingConfig=config, store=store)
+            assert estimator.training_config().mode == ("auto" if name == "default" else "dense")
+            fitted = estimator.fit(train)
+            assert fitted.history.metrics["mode"] == "dense"  # what auto resolved to
+            predicted = fitted.model.predict(x_test, verbose=0).argmax(axis=1)
+            accuracy[name] = float(np.mean(predicted == y_test))
+        assert accuracy["dense"] > 0.9, (seed, accuracy)
+        assert accuracy["default"] >= accuracy["dense"], (seed, accuracy)
+
+
+def _parity(fit_one) -> None:  # type: ignore[no-untyped-def]
+    """Fit sharing and dense on every seed; hold each seed and the mean to the tolerances."""
+    results = {seed: {mode: fit_one(mode, seed) for mode in ("sharing", "dense")}
+               for seed in SEEDS}
+    for seed, accuracy in results.items():
+        assert accuracy["sharing"] >= accuracy["dense"] - SEED_TOLERANCE, (seed, results)
+    mean = {mode: np.mean([r[mode] for r in results.values()]) for mode in ("sharing", "dense")}
+    assert mean["sharing"] >= mean["dense"] - MEAN_TOLERANCE, (mean, results)
+    print("accuracy by seed and mode:", results, "mean:", mean)
+
+
+def _master(mode: str, seed: int):  # type: ignore[no-untyped-def]
+    cls = SharedTrainingMaster if mode == "sharing" else DenseTrainingMaster
+    return cls(32, 2, seed=seed)
+
+
+def _val_accuracy(model, master, shards: dict, epochs: int) -> float:  # type: ignore[no-untyped-def]
+    fit = ParallelWrapper(model, master, timeout_s=120).fit(
+        shards["train"], epochs=epochs, validation_data=shards["test"],
+        validation_freq=epochs, verbose=0)
+    assert fit.metrics["mode"] == master.mode and fit.metrics["replicas_identical"] is True
+    return float(fit.history["val_accuracy"][-1])
+
+
+def test_sharing_matches_dense_accuracy_on_the_digits_mlp(digits_shards, make_mlp):
+    meta = read_metadata(digits_shards["train"])
+
+    def fit_one(mode: str, seed: int) -> float:
+        model = make_mlp(meta.feature_shape, meta.num_classes, seed=seed)
+        assert model.count_params() == 17_226
+        return _val_accuracy(model, _master(mode, seed), digits_shards, epochs=6)
+
+    _parity(fit_one)
+
+
+def test_sharing_matches_dense_accuracy_on_the_lenet_conf(spark, tmp_path):
+    import keras
+
+    from pipelines import mnist
+    from sparkdl.config import load_config
+    from sparkdl.etl.samples import write_mnist_sample
+    from sparkdl.models import build_model
+
+    conf = load_config(REPO / "conf" / "mnist.yaml")
+    assert conf.model.name == "lenet" and conf.training.mode == "sharing"
+    idx = write_mnist_sample(str(tmp_path / "idx"))
+    shards = mnist.run(spark, (tmp_path / "data").as_uri(), path=idx, num_workers=2,
+                       num_files=4, rows_per_group=64)
+    meta = read_metadata(shards["train"])
+
+    def fit_one(mode: str, seed: int) -> float:
+        keras.utils.set_random_seed(seed)
+        model = build_model(conf.model, meta.feature_shape, meta.num_classes)
+        return _val_accuracy(model, _master(mode, seed), shards, epochs=conf.training.epochs)
+
+    _parity(fit_one)
