@@ -9,6 +9,7 @@ per-worker exchange only inside a worker (where TensorFlow is imported).
 from __future__ import annotations
 
 import abc
+import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkdl.compression.compressor import (
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 #: Where :class:`SharedTrainingMaster` encodes updates: ``"host"`` (numpy), ``"device"``
 #: (TensorFlow, on the model's device) or ``"auto"`` (device when the model is on a GPU).
 ENCODERS = ("auto", "host", "device")
+
+log = logging.getLogger("sparkdl.training")
 
 #: ``training.mode: auto`` trains a model of at most this many trainable parameters with
 #: :class:`DenseTrainingMaster` and a larger one with :class:`SharedTrainingMaster`. Below it
@@ -352,7 +355,10 @@ def master_from_training_config(training: TrainingConfig, model: Any = None) -> 
                 "training.mode 'auto' is chosen from the model's parameter count: pass model= "
                 "or name a mode (sharing, averaging, dense)"
             )
-        mode = resolve_mode(mode, num_trainable_parameters(model))
+        count = num_trainable_parameters(model)
+        mode = resolve_mode(mode, count)
+        log.info("training.mode auto: %s (%d trainable parameters; dense up to %d)",
+                 mode, count, AUTO_DENSE_MAX_PARAMETERS)
     common = {
         "batch_size_per_worker": training.batch_size_per_worker,
         "num_workers": training.num_workers,
