@@ -86,8 +86,10 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
     (``label``), ``predictionCol``, ``probabilityCol``, ``epochs``, ``batchSize`` (per
     worker), ``trainingConfig`` (the ``training`` section of a job configuration as a dict:
     ``mode``, ``num_workers``, ``threshold``, ..., ``store``; ``epochs`` and ``batchSize``
-    override its values when set), ``labelKind``, ``store`` (the run store URI; default
-    ``trainingConfig["store"]``, else a temporary directory), ``keepShards``, ``verbose``.
+    override its values when set; its default ``mode`` is ``auto``: dense for a model of at
+    most 65,536 trainable parameters, gradient sharing above), ``labelKind``, ``store`` (the
+    run store URI; default ``trainingConfig["store"]``, else a temporary directory),
+    ``keepShards``, ``verbose``.
     The model passed in is never changed: each ``fit`` trains a copy.
     """
 
