@@ -241,12 +241,15 @@ def test_averaging_reports_the_loss_after_averaging_when_asked(comm) -> None:  #
 
 def test_yaml_knobs_reach_the_master() -> None:
     training = TrainingConfig.model_validate({
-        "threshold": {"decay": 0.9, "initial": 2e-3},
+        "mode": "sharing",
+        "threshold": {"decay": 0.9, "initial": 2e-3, "min_elements": 7},
         "shake_up": {"frequency": 10, "factor": 1 / 3},
     })
     master = master_from_training_config(training)
     assert isinstance(master.threshold, AdaptiveThreshold)
     assert master.threshold.decay == 0.9 and master.threshold.initial == 2e-3
+    assert master.threshold.min_elements == 7
+    assert TrainingConfig().threshold.min_elements == AdaptiveThreshold().min_elements
     assert master.shake_up.frequency == 10 and master.shake_up.factor == pytest.approx(1 / 3)
     assert TrainingConfig().threshold.initial == AdaptiveThreshold().initial == 1e-3
     assert TrainingConfig().threshold.decay == AdaptiveThreshold().decay
