@@ -216,18 +216,16 @@ def test_config_nested_thousands_deep(capsys, tmp_path: Path) -> None:
 
 
 def test_config_alias_bomb_fails_fast(capsys, tmp_path: Path) -> None:
-    import time
-
     lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
         lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
     conf = tmp_path / "bomb.yaml"
     conf.write_text("\n".join(lines) + "\n")
     assert len(conf.read_bytes()) < 600
-    start = time.monotonic()
+    # refused at the first alias (line 2), before anything is expanded; pytest's timeout
+    # bounds a hang
     _refused(capsys, ["validate", "--conf", str(conf)],
              r"bomb\.yaml: line 2: YAML aliases \(\*name\) are not allowed")
-    assert time.monotonic() - start < 5  # a bound on a hang, not a speed figure
 
 
 @pytest.mark.parametrize(("text", "message"), [
