@@ -48,7 +48,7 @@ class S3Config(_Section):
 
 
 class ClusterConfig(_Section):
-    """Where and how workers run and talk (the seeds' VoidConfiguration)."""
+    """Where and how workers run and talk (DL4J's VoidConfiguration)."""
 
     master: str | None = Field(
         default="local[2]",
@@ -205,7 +205,7 @@ class TrainingConfig(_Section):
 
     prefetch: int = Field(
         default=4, ge=1,
-        description="row groups each worker decodes ahead (the seeds' workerPrefetchNumBatches)",
+        description="row groups each worker decodes ahead (DL4J's workerPrefetchNumBatches)",
     )
     decode_threads: int = Field(default=2, ge=1)
 

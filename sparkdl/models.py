@@ -56,7 +56,7 @@ def multi_mlp(
 
 
 def lenet(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 10) -> keras.Model:
-    """The seeds' LeNet: conv 5×5×20, maxpool, conv 5×5×50, maxpool, dense 500, softmax."""
+    """DL4J's LeNet: conv 5×5×20, maxpool, conv 5×5×50, maxpool, dense 500, softmax."""
     return keras.Sequential(
         [
             keras.Input(shape=tuple(input_shape)),

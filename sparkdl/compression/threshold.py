@@ -8,7 +8,7 @@ arguments and ``from_config(config)`` rebuilds it; :func:`threshold_to_config` /
 while training (tau) is the algorithm's *state*: ``get_state()`` / ``set_state(state)``, a
 flat dict of Python numbers, saved per rank with the residual.
 
-The default initial tau of every algorithm is 1e-3 (the seeds: "1e-3 is a good value to
+The default initial tau of every algorithm is 1e-3 (DL4J: "1e-3 is a good value to
 start with"), as in the YAML configuration.
 """
 

@@ -1,5 +1,5 @@
 """The run store: DataSet shards written from DataFrames for ``fit`` / ``evaluate`` (Horovod's
-Store, the seeds' Export approach).
+Store, DL4J's Export approach).
 
 ``SparkModel.fit(df)`` writes ``df`` once as shards into a store directory (any filesystem URI
 the shard writer accepts), named by a **fingerprint** of the DataFrame; fitting or evaluating

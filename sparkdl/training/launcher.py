@@ -94,7 +94,7 @@ class KerasFit:
                 steps, ``checkpoint_unit="steps"``); a retried stage resumes from the latest
                 checkpoint, and ``resume=True`` continues a fit that was killed as a whole.
             prefetch, decode_threads: row groups each worker's reader decodes ahead, on how
-                many threads (the seeds' ``workerPrefetchNumBatches``).
+                many threads (DL4J's ``workerPrefetchNumBatches``).
         """
         from sparkdl.errors import ConfigurationError
         from sparkdl.training.driver import FitOptions, run_fit

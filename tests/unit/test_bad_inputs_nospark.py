@@ -94,7 +94,7 @@ BAD_SETS = [
     ("nonsense=1", r"unknown key 'nonsense'"),
     ("training", r"--set expects key=value"),
     ("training.epochs=*x", r"--set training\.epochs: .*aliases"),
-    # the seeds' knobs (issue 14) and the fit's (issue 9)
+    # DL4J's knobs (issue 14) and the fit's (issue 9)
     ("training.threshold.decay=1.5", r"training\.threshold\.decay"),
     ("training.shake_up.factor=0", r"training\.shake_up\.factor"),
     ("training.prefetch=0", r"training\.prefetch"),
