@@ -63,8 +63,13 @@ def test_an_oversized_frame_is_refused_before_it_is_read():
     with ChannelServer(SECRET, bind_host="127.0.0.1", timeout_s=5, max_blob=100) as server:
         host, port = server.address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=5) as sock:
-            _auth.authenticate_connector(sock, SECRET, CONTEXT, 0, 1, time.monotonic() + 5)
-            sock.sendall(struct.pack(">4sII", b"SDLE", 2, 1 << 30) + b"{}")
+            session = _auth.authenticate_connector(
+                sock, SECRET, CONTEXT, 0, 1, time.monotonic() + 5
+            )
+            header = struct.pack(">4sII", b"SDLM", 2, 1 << 30)
+            h = _auth.RecordMac(session.key_c2a).hasher()  # a header with a valid tag
+            h.update(header)
+            sock.sendall(header + h.digest()[: _auth.TAG_BYTES] + b"{}")
             sock.settimeout(5)
             # the server hangs up (a reset when our unread bytes are discarded)
             with contextlib.suppress(ConnectionResetError):
@@ -109,12 +114,11 @@ def test_idle_connections_beyond_the_handshake_slots_do_not_keep_the_worker_out(
 class _Relay:
     """A loopback TCP relay between one client and ``target`` that passes every chunk flowing
     in ``direction`` (``"up"``: client to server, ``"down"``: server to client) through
-    ``rewrite`` (which returns the bytes to forward) and counts the chunks it changed."""
+    ``rewrite``, which returns the bytes to forward."""
 
     def __init__(self, target: str, direction: str, rewrite) -> None:
         self._target = target.rsplit(":", 1)
         self._direction, self._rewrite = direction, rewrite
-        self.changed = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(10)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
@@ -133,11 +137,7 @@ class _Relay:
         src.settimeout(10)
         with contextlib.suppress(OSError):
             while chunk := src.recv(1 << 16):
-                if name == self._direction:
-                    out = self._rewrite(chunk)
-                    self.changed += out != chunk
-                    chunk = out
-                dst.sendall(chunk)
+                dst.sendall(self._rewrite(chunk) if name == self._direction else chunk)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
 
@@ -146,12 +146,48 @@ class _Relay:
             sock.close()
 
 
-def _replace(old: bytes, new: bytes):
-    return lambda chunk: chunk.replace(old, new)
+class _Frames:
+    """A relay rewrite that knows the channel's layout: it passes the handshake's first
+    ``skip`` bytes through, then hands each whole event frame to ``on_frame`` and forwards the
+    frames it returns, in order; ``changed`` counts the frames it did not pass on as they were.
+    """
+
+    def __init__(self, skip: int, on_frame) -> None:
+        self._skip, self._on_frame, self._buf = skip, on_frame, b""
+        self.changed = 0
+
+    def __call__(self, chunk: bytes) -> bytes:
+        take = min(self._skip, len(chunk))
+        out, self._skip = chunk[:take], self._skip - take
+        self._buf += chunk[take:]
+        while len(self._buf) >= 28:  # header and its tag
+            _, json_len, blob_len = struct.unpack(">4sII", self._buf[:12])
+            end = 28 + json_len + blob_len + 16
+            if len(self._buf) < end:
+                break
+            frame, self._buf = self._buf[:end], self._buf[end:]
+            new = self._on_frame(frame)
+            self.changed += new != [frame]
+            out += b"".join(new)
+        return out
+
+
+def _upstream(on_frame) -> _Frames:
+    from sparkdl.comm._auth import CONNECTOR_REPLY_BYTES
+
+    return _Frames(CONNECTOR_REPLY_BYTES, on_frame)
+
+
+def _downstream(on_frame) -> _Frames:
+    from sparkdl.comm._auth import HANDSHAKE_BYTES_ACCEPTOR
+
+    return _Frames(HANDSHAKE_BYTES_ACCEPTOR, on_frame)
 
 
 def test_a_learning_rate_rewritten_on_the_wire_fails_the_mac_and_never_reaches_the_worker():
-    rewrite = _replace(b'"learning_rate": 0.001', b'"learning_rate": 1e+06')
+    rewrite = _downstream(
+        lambda frame: [frame.replace(b'"learning_rate": 0.001', b'"learning_rate": 1e+06')]
+    )
     with ChannelServer(SECRET, bind_host="127.0.0.1", timeout_s=5) as server:
         relay = _Relay(server.address, "down", rewrite)
         try:
@@ -166,13 +202,13 @@ def test_a_learning_rate_rewritten_on_the_wire_fails_the_mac_and_never_reaches_t
                 client.request({"kind": "epoch_end", "epoch": 0})
             thread.join(5)
             assert "1e+06" not in str(caught.value)
-            assert relay.changed == 1  # the relay really rewrote the driver's answer
+            assert rewrite.changed == 1  # the relay really rewrote the driver's answer
             client.close()
         finally:
             relay.close()
 
 
-def _tampered_upstream(rewrite, caplog, *messages: dict) -> tuple[_Relay, ChannelServer]:
+def _tampered_upstream(rewrite: _Frames, caplog, *messages: dict) -> ChannelServer:
     """Send ``messages`` one-way through a relay that applies ``rewrite`` upstream; the driver
     hangs up on the first bad frame, so a final request fails."""
     with ChannelServer(SECRET, bind_host="127.0.0.1", timeout_s=5) as server:
@@ -187,24 +223,22 @@ def _tampered_upstream(rewrite, caplog, *messages: dict) -> tuple[_Relay, Channe
             client.close()
         finally:
             relay.close()
-    return relay, server
+    return server
 
 
 def test_a_loss_rewritten_on_the_wire_fails_the_mac_and_never_reaches_the_callbacks(caplog):
-    rewrite = _replace(b'"loss": 0.123456', b'"loss": 9.123456')
+    rewrite = _upstream(lambda frame: [frame.replace(b'"loss": 0.123456', b'"loss": 9.123456')])
     message = {"kind": "epoch_end", "logs": {"loss": 0.123456}}
-    relay, server = _tampered_upstream(rewrite, caplog, message)
-    assert relay.changed == 1
+    server = _tampered_upstream(rewrite, caplog, message)
+    assert rewrite.changed == 1
     assert server.inbox.empty()
     assert "failed its MAC" in caplog.text
 
 
 def test_a_replayed_frame_fails_the_mac_and_is_delivered_once(caplog):
-    def replay(chunk: bytes) -> bytes:  # the frame that carries n=1, sent twice
-        return chunk + chunk if b'"n": 1' in chunk else chunk
-
-    relay, server = _tampered_upstream(replay, caplog, {"kind": "batch", "n": 1})
-    assert relay.changed == 1
+    replay = _upstream(lambda frame: [frame, frame] if b'"n": 1' in frame else [frame])
+    server = _tampered_upstream(replay, caplog, {"kind": "batch", "n": 1})
+    assert replay.changed == 1
     assert server.inbox.get(timeout=5).data["n"] == 1
     assert server.inbox.empty()
     assert "failed its MAC" in caplog.text
@@ -213,13 +247,14 @@ def test_a_replayed_frame_fails_the_mac_and_is_delivered_once(caplog):
 def test_reordered_frames_fail_the_mac_and_neither_is_delivered(caplog):
     held: list[bytes] = []
 
-    def swap(chunk: bytes) -> bytes:  # hold the frame with n=1 back until the one with n=2
-        if b'"n": 1' in chunk:
-            held.append(chunk)
-            return b""
-        return chunk + held.pop() if b'"n": 2' in chunk else chunk
+    def swap(frame: bytes) -> list[bytes]:  # hold the frame with n=1 back until n=2's
+        if b'"n": 1' in frame:
+            held.append(frame)
+            return []
+        return [frame, *held] if b'"n": 2' in frame else [frame]
 
-    relay, server = _tampered_upstream(swap, caplog, {"n": 1}, {"n": 2})
-    assert relay.changed == 2
+    reorder = _upstream(swap)
+    server = _tampered_upstream(reorder, caplog, {"n": 1}, {"n": 2})
+    assert reorder.changed == 2
     assert server.inbox.empty()
     assert "failed its MAC" in caplog.text
