@@ -84,6 +84,7 @@ class _Writer:
     """Frames out on one connection's direction, each record tagged; thread-safe."""
 
     def __init__(self, sock: socket.socket, key: bytes, timeout_s: float) -> None:
+        assert sock is not None
         self._sock = sock
         self._mac = RecordMac(key)
         self._lock = threading.Lock()
@@ -115,6 +116,7 @@ class _Reader:
     covers are used. ``sender`` names the other end in errors."""
 
     def __init__(self, sock: socket.socket, key: bytes, max_blob: int, sender: str) -> None:
+        assert sock is not None
         self._sock = sock
         self._mac = RecordMac(key)
         self._max_blob = max_blob
@@ -262,7 +264,8 @@ class ChannelClient:
         while True:
             sock: socket.socket | None = None
             try:
-                sock = socket.create_connection((host, int(port)), timeout=self._timeout_s)
+                remaining = max(0.001, deadline - time.monotonic())
+                sock = socket.create_connection((host, int(port)), timeout=remaining)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 session = authenticate_connector(sock, secret, CONTEXT, 0, 1, deadline)
                 break
@@ -281,6 +284,7 @@ class ChannelClient:
                 raise CommunicationError(
                     f"cannot reach the driver's event listener at {address}: {exc}"
                 ) from None
+        assert sock is not None
         self._sock = sock
         self._writer = _Writer(sock, session.key_c2a, self._timeout_s)
         self._reader = _Reader(sock, session.key_a2c, 0, f"the driver at {address}")

@@ -114,11 +114,12 @@ def test_idle_connections_beyond_the_handshake_slots_do_not_keep_the_worker_out(
 class _Relay:
     """A loopback TCP relay between one client and ``target`` that passes every chunk flowing
     in ``direction`` (``"up"``: client to server, ``"down"``: server to client) through
-    ``rewrite``, which returns the bytes to forward."""
+    ``rewrite``, which returns the bytes to forward. The first ``drop`` connections are
+    closed at once, as a listener shedding a flood would."""
 
-    def __init__(self, target: str, direction: str, rewrite) -> None:
+    def __init__(self, target: str, direction: str, rewrite, drop: int = 0) -> None:
         self._target = target.rsplit(":", 1)
-        self._direction, self._rewrite = direction, rewrite
+        self._direction, self._rewrite, self._drop = direction, rewrite, drop
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(10)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
@@ -128,6 +129,9 @@ class _Relay:
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
             client, _ = self._listener.accept()
+            for _ in range(self._drop):
+                client.close()
+                client, _ = self._listener.accept()
             server = socket.create_connection((self._target[0], int(self._target[1])), 10)
             self._socks += [client, server]
             for src, dst, name in ((client, server, "up"), (server, client, "down")):
@@ -258,3 +262,16 @@ def test_reordered_frames_fail_the_mac_and_neither_is_delivered(caplog):
     assert reorder.changed == 2
     assert server.inbox.empty()
     assert "failed its MAC" in caplog.text
+
+
+def test_a_connection_closed_during_the_handshake_is_retried():
+    with ChannelServer(SECRET, bind_host="127.0.0.1", timeout_s=5) as server:
+        relay = _Relay(server.address, "up", lambda chunk: chunk, drop=2)
+        try:
+            client = ChannelClient(relay.address, SECRET, timeout_s=5)
+            thread = _answer(server, 1)
+            assert client.request({"n": 7}) == {"echo": 7, "blob": 0}
+            thread.join(5)
+            client.close()
+        finally:
+            relay.close()
