@@ -84,7 +84,7 @@ HANDSHAKE_S = 10.0
 own deadline), so idle connections cannot hold a handshake slot for long."""
 _MAX_IOV = 64
 WIRE_INTEGRITY = ("none", "mac")
-MAC_BYTES = 16
+MAC_BYTES = _auth.TAG_BYTES
 """Length of the tag (truncated HMAC-SHA256) after every record with ``wire_integrity="mac"``."""
 MAC_RECORD_BYTES = REDUCE_BLOCK_BYTES
 """Payload bytes per MAC'd record (a frame's payload is cut into records of this size)."""
@@ -120,24 +120,7 @@ class _Out(deque):  # type: ignore[type-arg]
     """Queue payload bytes for the socket."""
 
 
-class _Mac:
-    """Keyed tags for one direction of one connection: HMAC-SHA256 truncated to
-    ``MAC_BYTES`` (OpenSSL's, hardware-accelerated where the CPU has SHA extensions: measured
-    faster than keyed BLAKE2b here). The record counter is part of every tag, so a replayed,
-    reordered, dropped or injected record fails verification."""
-
-    __slots__ = ("base", "count")
-
-    def __init__(self, key: bytes) -> None:
-        self.base = hmac.new(key, digestmod="sha256")
-        self.count = 0
-
-    def hasher(self) -> Any:
-        """A keyed hash already fed with the next record number; ``tag()`` ends it."""
-        h = self.base.copy()
-        h.update(self.count.to_bytes(8, "little"))
-        self.count += 1
-        return h
+_Mac = _auth.RecordMac
 
 
 def _tag(h: Any) -> bytes:
