@@ -77,7 +77,8 @@ _JOIN_BELOW = 64 << 10  # frames with a shorter blob go out in one send
 
 
 def _tag(h: Any) -> bytes:
-    return h.digest()[:TAG_BYTES]
+    digest: bytes = h.digest()
+    return digest[:TAG_BYTES]
 
 
 class _Writer:

@@ -124,7 +124,8 @@ _Mac = _auth.RecordMac
 
 
 def _tag(h: Any) -> bytes:
-    return h.digest()[:MAC_BYTES]
+    digest: bytes = h.digest()
+    return digest[:MAC_BYTES]
 
 
 class _MacOut(_Out):
@@ -152,7 +153,7 @@ class _MacOut(_Out):
             self._record_left = min(MAC_RECORD_BYTES, self._frame_left)
             self._h = self._mac.hasher()
 
-    def data(self, view: memoryview) -> None:  # type: ignore[override]
+    def data(self, view: memoryview) -> None:
         while len(view):
             take = min(len(view), self._record_left)
             if not take:
@@ -166,6 +167,11 @@ class _MacOut(_Out):
             if self._record_left == 0:
                 self.append(memoryview(_tag(self._h)))
                 self._next_record()
+
+
+def _chunk_of(chunks: list[memoryview], index: int) -> Callable[[int], memoryview]:
+    """A receive target that is always ``chunks[index]`` (whatever length is announced)."""
+    return lambda _length: chunks[index]
 
 
 class _RecvStep:
@@ -414,12 +420,12 @@ class TcpRingCommunicator(Communicator):
         starts = [i * base + min(i, rem) for i in range(n + 1)]
         mine = [src[starts[i] : starts[i + 1]] for i in range(n)]
         chunks = [out[starts[i] : starts[i + 1]] for i in range(n)]
-        raw = memoryview(out.view(np.uint8))
+        raw = out.view(np.uint8).data
         braw = [raw[starts[i] * isz : starts[i + 1] * isz] for i in range(n)]
         block = max(1, REDUCE_BLOCK_BYTES // isz)
         seq = self._begin()
         last = 2 * n - 3
-        own = memoryview(mine[r].view(np.uint8))
+        own = mine[r].view(np.uint8).data
         sendq = self._out()
         self._send_frame(sendq, code, 0, seq, own)
         via_shm = [False] * (last + 2)  # whether frame k goes out through shared memory
@@ -485,7 +491,7 @@ class TcpRingCommunicator(Communicator):
 
                 steps.append(
                     _RecvStep(
-                        k, nbytes, lambda _n, c=c: braw[c], on_header, on_data, on_done, add_shm
+                        k, nbytes, _chunk_of(braw, c), on_header, on_data, on_done, add_shm
                     )
                 )
             else:
@@ -494,7 +500,7 @@ class TcpRingCommunicator(Communicator):
                     if k + 1 <= last:
                         emit(k + 1, view[lo:hi])
 
-                steps.append(_RecvStep(k, nbytes, lambda _n, c=c: braw[c], on_header, fwd))
+                steps.append(_RecvStep(k, nbytes, _chunk_of(braw, c), on_header, fwd))
         self._pump(_OP_NAMES[code], code, seq, sendq, steps)
         return out
 
@@ -627,12 +633,12 @@ class TcpRingCommunicator(Communicator):
         if step.on_shm is not None:
             step.on_shm(part, got, got + n)
         else:
-            body[got : got + n] = part  # type: ignore[assignment]
+            body[got : got + n] = part.data
             if step.on_data is not None:
                 step.on_data(body, got, got + n)
         link.index += 1
         self._acks_owed += 1
-        return n
+        return int(n)
 
     def _set_mask(self, fd: int, mask: int) -> None:
         assert self._poller is not None

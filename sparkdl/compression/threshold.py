@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
+
+_T = TypeVar("_T")
 
 __all__ = [
     "DEFAULT_TAU",
@@ -283,7 +285,8 @@ class _Config:
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments, JSON-compatible."""
-        return asdict(self)  # type: ignore[call-overload]
+        config: dict[str, Any] = asdict(self)  # type: ignore[call-overload]
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any:
@@ -291,7 +294,7 @@ class _Config:
         return _construct(cls, config)
 
 
-def _construct(cls: type, config: dict[str, Any]) -> Any:
+def _construct(cls: type[_T], config: dict[str, Any]) -> _T:
     """``cls(**config)``, a wrong or missing key being one ConfigurationError."""
     try:
         return cls(**config)
