@@ -26,13 +26,12 @@ def _inside(inner: dict, outer: dict) -> bool:
 
 def test_spans_are_complete_events_that_nest_and_load_as_json(tmp_path: Path) -> None:
     recorder = Timeline(3)
-    with recording(recorder):
-        with timeline.span("step", step=7):
-            with timeline.span("compute"):
-                time.sleep(0.002)
-            start = time.perf_counter()
-            time.sleep(0.001)
-            timeline.record("encode", start, time.perf_counter(), {"bytes": 12})
+    with recording(recorder), timeline.span("step", step=7):
+        with timeline.span("compute"):
+            time.sleep(0.002)
+        start = time.perf_counter()
+        time.sleep(0.001)
+        timeline.record("encode", start, time.perf_counter(), {"bytes": 12})
     uri = recorder.write(str(tmp_path / "trace"))
     assert uri == f"{tmp_path}/trace/rank-3.json"
     assert sorted(p.name for p in (tmp_path / "trace").iterdir()) == ["rank-3.json"]
@@ -163,7 +162,7 @@ def test_fit_options_and_config_reject_a_bad_timeline() -> None:
         FitOptions(timeline=5).check()  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="timeline"):
         FitOptions(timeline=" ").check()
-    with pytest.raises(ConfigurationError, match="training.timeline"):
+    with pytest.raises(ConfigurationError, match=r"training\.timeline"):
         load_config(data={"training": {"timeline": ""}})
     config = load_config(None, overrides=["training.timeline=runs/trace"])
     assert config.training.timeline == "runs/trace"
