@@ -138,9 +138,12 @@ def render_step(paths: Sequence[str | Path], out: str | Path, step: int | None =
             nbytes = (event.get("args") or {}).get("bytes_sent")
             if nbytes:
                 text += f" · {nbytes / 1024:.1f} KiB"
-            if width > (end - origin) / 1e3 * 0.012 * len(text) / 4:
-                ax.text(start + width / 2, row, text, ha="center", va="center", fontsize=7.5,
-                        clip_on=True)
+            char = (end - origin) / 1e3 * 0.0058  # a 7.5 pt character, in ms of the axis
+            for label in (text, event["name"]):
+                if width > char * (len(label) + 1):
+                    ax.text(start + width / 2, row, label, ha="center", va="center",
+                            fontsize=7.5, clip_on=True)
+                    break
         y += rows[lane] + 1
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.invert_yaxis()
