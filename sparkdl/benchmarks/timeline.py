@@ -119,9 +119,10 @@ def render_step(paths: Sequence[str | Path], out: str | Path, step: int | None =
         key = (event["pid"], event["tid"])
         rows[key] = max(rows.get(key, 0), depth[id(event)] + 1)
     lanes = sorted(rows, key=lambda k: (k[0], threads.get(k, "") != "main", k[1]))
-    names = sorted({e["name"] for e in shown})
+    names = sorted({e["name"] for e in shown}, key=_colour_order)
     cmap = plt.get_cmap("tab20")
-    colour = {name: cmap(i % 20) for i, name in enumerate(names)}
+    colour = {name: cmap(_colour_order(name)[0]) if name in KNOWN_SPANS else "lightgrey"
+              for name in names}
     total_rows = sum(rows[k] for k in lanes) + len(lanes)
     fig, ax = plt.subplots(figsize=(13, 1.6 + 0.42 * total_rows), layout="constrained")
     y, ticks, labels = 0.0, [], []
@@ -159,6 +160,18 @@ def render_step(paths: Sequence[str | Path], out: str | Path, step: int | None =
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return out
+
+
+#: Span names in colour order: the same span has the same colour in every picture.
+KNOWN_SPANS = ("step", "data wait", "exchange", "compute", "encode", "communicate", "decode",
+               "apply", "allgather", "allreduce", "broadcast", "barrier", "overlapped exchange",
+               "event channel", "validation", "checkpoint", "end epoch", "epoch figures",
+               "finish", "score")
+
+
+def _colour_order(name: str) -> tuple[int, str]:
+    index = KNOWN_SPANS.index(name) if name in KNOWN_SPANS else len(KNOWN_SPANS)
+    return index, name
 
 
 def _depths(events: list[dict[str, Any]]) -> dict[int, int]:

@@ -2,10 +2,9 @@
 
 With ``training.timeline: URI`` (``fit(timeline=URI)``) every worker records *complete*
 events (``"ph": "X"``; ``ts``/``dur`` in whole µs of wall-clock time, so the ranks' files
-line up and adjacent spans nest exactly; ``pid`` the rank; ``tid`` the thread: the main
-loop and the overlap thread) and writes them to ``URI/rank-<N>.json`` at the end of the
-fit, or with what it recorded when the fit fails.
-Open the files in ``chrome://tracing`` or https://ui.perfetto.dev.
+line up and adjacent spans nest exactly; ``pid`` the rank; ``tid`` the thread by name:
+the main loop and the overlap thread) and writes them to ``URI/rank-<N>.json`` at the end
+of the fit, or with what it recorded when the fit fails. Open the files in ``chrome://tracing`` or https://ui.perfetto.dev.
 
 Where the spans come from: the worker loop (:mod:`sparkdl.training.loop`: ``epoch``,
 ``step``, ``data wait``, ``exchange``, each callback), the exchange's phases
@@ -44,7 +43,11 @@ MAX_EVENTS = 100_000
 
 
 class Timeline:
-    """A bounded recorder of complete events for one rank (thread-safe)."""
+    """A bounded recorder of complete events for one rank (thread-safe).
+
+    ``tid`` is per thread *name* (``main`` for the main thread): the overlap's short-lived
+    threads, one job at a time, share one row.
+    """
 
     def __init__(self, rank: int, *, max_events: int = MAX_EVENTS) -> None:
         if max_events < 0:
@@ -53,7 +56,7 @@ class Timeline:
         self.max_events = int(max_events)
         self.events: list[dict[str, Any]] = []
         self.dropped = 0
-        self._threads: dict[int, str] = {}
+        self._threads: dict[str, int] = {}  # thread name → tid
         self._lock = threading.Lock()
         # perf_counter (monotonic, precise) shifted to wall-clock µs: ranks line up
         self._origin_us = time.time() * 1e6 - time.perf_counter() * 1e6
@@ -63,7 +66,11 @@ class Timeline:
         """Record a span from ``start`` to ``end`` (``time.perf_counter()`` seconds) on the
         calling thread."""
         thread = threading.current_thread()
-        tid = threading.get_native_id()
+        name_of_thread = "main" if thread is threading.main_thread() else thread.name
+        tid = self._threads.get(name_of_thread)
+        if tid is None:
+            with self._lock:
+                tid = self._threads.setdefault(name_of_thread, len(self._threads))
         begin = round(self._origin_us + start * 1e6)
         event = {
             "name": name, "cat": cat, "ph": "X", "pid": self.rank, "tid": tid,
@@ -72,9 +79,6 @@ class Timeline:
         if args:
             event["args"] = args
         with self._lock:
-            if tid not in self._threads:
-                main = thread is threading.main_thread()
-                self._threads[tid] = "main" if main else thread.name
             if len(self.events) >= self.max_events:
                 self.dropped += 1
                 return
@@ -101,11 +105,11 @@ class Timeline:
             {"name": "process_sort_index", "ph": "M", "pid": self.rank,
              "args": {"sort_index": self.rank}},
         ]
-        for order, (tid, name) in enumerate(sorted(threads.items(), key=lambda t: t[1] != "main")):
+        for name, tid in threads.items():
             meta.append({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid,
                          "args": {"name": name}})
             meta.append({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid,
-                         "args": {"sort_index": order}})
+                         "args": {"sort_index": 0 if name == "main" else 1 + tid}})
         return {
             "traceEvents": meta + events,
             "displayTimeUnit": "ms",
