@@ -181,3 +181,44 @@ def test_report_links_the_timeline_files(tmp_path: Path) -> None:
     assert f'<a href="file://{tmp_path}/trace/rank-0.json">rank-0.json</a>' in page
     assert '<a href="s3://bucket/trace/rank-1.json">rank-1.json</a>' in page
     assert "ui.perfetto.dev" in page
+
+
+def _synthetic(tmp_path: Path) -> list[str]:
+    """Two ranks, two epochs of two steps: data wait 1 ms, compute 5 ms, allgather 2 ms,
+    then 0.5 ms of Python time before the step ends (times in seconds)."""
+    uris = []
+    for rank in (0, 1):
+        recorder = Timeline(rank)
+        t = 100.0
+        for epoch in range(2):
+            epoch_start = t
+            for step in range(2):
+                start = t
+                recorder.add("data wait", t, t + 0.001)
+                recorder.add("compute", t + 0.001, t + 0.006)
+                recorder.add("allgather", t + 0.006, t + 0.008, {"bytes_sent": 4096})
+                t += 0.0085
+                recorder.add("step", start, t, {"epoch": epoch, "step": step,
+                                                 "global_step": 2 * epoch + step})
+            recorder.add("epoch", epoch_start, t, {"epoch": epoch})
+        uris.append(recorder.write(str(tmp_path / "trace")))
+    return uris
+
+
+def test_timeline_png_draws_a_step_and_the_summary_has_medians_and_self_times(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sparkdl.benchmarks.cli import main
+    from sparkdl.benchmarks.timeline import load, summarize
+
+    uris = _synthetic(tmp_path)
+    out = tmp_path / "step.png"
+    assert main(["timeline-png", *uris, str(out), "--step", "3"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "allgather" in capsys.readouterr().out
+    summary = summarize(load(uris)[0])  # the first epoch is left out
+    assert summary["step"]["count"] == 4 and summary["compute"]["count"] == 4
+    assert summary["compute"]["median_us"] == 5000
+    assert summary["step"]["median_us"] == 8500
+    assert summary["step"]["median_self_us"] == 500  # the Python time after the allgather
+    with pytest.raises(ValueError, match="no step 9"):
+        main(["timeline-png", *uris, str(out), "--step", "9"])
