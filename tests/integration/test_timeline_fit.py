@@ -103,3 +103,21 @@ def test_spark_model_fit_writes_a_timeline_per_rank(spark, tmp_path):
         steps = [e["args"]["global_step"] for e in events if e["name"] == "step"]
         assert steps == list(range(ROWS // (2 * BATCH)))
         assert {e["pid"] for e in events} == {rank}
+
+
+@pytest.mark.slow  # a third ParallelWrapper fit (~80 s on a loaded machine)
+def test_a_failed_fit_still_writes_what_each_rank_recorded(tmp_path):
+    from sparkdl.errors import TrainingError
+
+    model = _model()
+    model.optimizer.learning_rate.assign(float("nan"))  # the first update is NaN
+    data = write_shards(tmp_path / "data", rows=ROWS)
+    master = SharedTrainingMaster(num_workers=2, batch_size_per_worker=BATCH)
+    wrapper = ParallelWrapper(model, master, timeout_s=60)
+    with pytest.raises(TrainingError, match="non-finite update"):
+        wrapper.fit(data, epochs=EPOCHS, verbose=0, timeline=str(tmp_path / "trace"))
+    for rank in (0, 1):
+        events, _ = _trace(str(tmp_path / "trace" / f"rank-{rank}.json"))
+        (step,) = [e for e in events if e["name"] == "step"]
+        assert step["args"]["global_step"] == 0
+        assert _children(step, events) == ["data wait", "exchange"]
