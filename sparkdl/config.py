@@ -187,6 +187,11 @@ class TrainingConfig(_Section):
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
+    timeline: str | None = Field(
+        default=None, min_length=1,
+        description="a directory URI: every worker writes a Chrome trace (chrome://tracing, "
+        "ui.perfetto.dev) of its steps there, rank-<N>.json",
+    )
 
     @model_validator(mode="after")
     def _overlap_mode(self) -> TrainingConfig:

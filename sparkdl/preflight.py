@@ -53,7 +53,8 @@ def preflight(config: JobConfig, stage: str) -> None:
         check_model(config)
         training = config.training
         for key, value in (("training.checkpoint_dir", training.checkpoint_dir),
-                           ("training.tensorboard_dir", training.tensorboard_dir)):
+                           ("training.tensorboard_dir", training.tensorboard_dir),
+                           ("training.timeline", training.timeline)):
             if value:
                 _check_writable(key, value)
     if stage in ("train", "evaluate", "predict", "pipeline"):

@@ -193,7 +193,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
         figures = _evaluation_figures(Path(run_dir) / EVALUATION_FILE)
         if figures:
             sections.append(_section("Evaluations (test data)", figures))
-    body = [_headline_table(metrics, history), f'<div class="plots">{"".join(sections)}</div>',
+    body = [_headline_table(metrics, history), _timeline_links(metrics),
+            f'<div class="plots">{"".join(sections)}</div>',
             _history_table(history) if history else ""]
     name = html.escape(Path(run_dir).resolve().name)
     return _PAGE.format(title=f"sparkdl run report: {name}", body="\n".join(body))
@@ -374,6 +375,24 @@ def _headline_table(metrics: Mapping[str, Any], history: Mapping[str, list[float
     cells = "".join(f"<tr><th>{html.escape(label)}</th><td>{html.escape(_format(value))}</td>"
                     f"</tr>" for label, value in rows)
     return f'<section><h2>Run</h2><table class="headline">{cells}</table></section>'
+
+
+def _timeline_links(metrics: Mapping[str, Any]) -> str:
+    """Links to the per-rank Chrome traces of ``training.timeline`` (none: nothing)."""
+    files = metrics.get("timeline")
+    if not isinstance(files, list) or not files:
+        return ""
+    links = ", ".join(
+        f'<a href="{html.escape(_href(str(uri)))}">{html.escape(str(uri).rsplit("/", 1)[-1])}</a>'
+        for uri in files
+    )
+    return ("<section><h2>Timeline</h2><p>Chrome traces of every step, one per rank: "
+            f"{links}. Open them in <a href=\"https://ui.perfetto.dev\">ui.perfetto.dev</a> "
+            "or chrome://tracing.</p></section>")
+
+
+def _href(uri: str) -> str:
+    return uri if "://" in uri else Path(uri).resolve().as_uri()
 
 
 def _class_table(evaluation: Evaluation) -> str:

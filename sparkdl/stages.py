@@ -133,6 +133,7 @@ def _train(
         resume=resume,
         prefetch=training.prefetch,
         decode_threads=training.decode_threads,
+        timeline=as_uri(training.timeline) if training.timeline else None,
     )
     _save_model_atomically(spark_model.model, out.dir / MODEL_FILE)
     out.publish(MODEL_FILE)

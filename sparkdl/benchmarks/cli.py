@@ -24,6 +24,11 @@ SUITES = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("timeline", "timeline-png"):
+        from sparkdl.benchmarks.timeline import main as timeline_main
+
+        return timeline_main(argv)
     parser = argparse.ArgumentParser(prog="jobs/benchmark.py", description=__doc__)
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument("--json", dest="json_path", help="write the figures to this JSON file")

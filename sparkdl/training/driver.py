@@ -58,6 +58,7 @@ class FitOptions:
     resume: bool = False
     prefetch: int = 4
     decode_threads: int = 2
+    timeline: str | None = None
 
     def check(self) -> None:
         for name in ("epochs", "validation_freq", "validation_batch_size", "checkpoint_every",
@@ -90,6 +91,14 @@ class FitOptions:
                 )
         if self.resume and not self.checkpoint_dir:
             raise ConfigurationError("resume=True needs a checkpoint_dir to resume from")
+        if self.timeline is not None:
+            if not isinstance(self.timeline, str) or not self.timeline.strip():
+                raise ConfigurationError(
+                    f"timeline must be a directory URI, got {self.timeline!r}"
+                )
+            from sparkdl.storage import resolve
+
+            resolve(self.timeline)  # an unknown filesystem fails here, naming the URI
 
 
 def run_fit(
@@ -125,6 +134,7 @@ def run_fit(
         custom_objects=custom_objects, threads=launcher.threads_per_worker,
         shuffle=options.shuffle, checkpoint=checkpoint, initial_epoch=options.initial_epoch,
         validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
+        timeline=options.timeline,
     )
     if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
         log_every = max(1, spec.steps_per_epoch // 20) if verbose == 1 else 0

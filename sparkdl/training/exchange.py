@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
+from sparkdl.training import timeline
 from sparkdl.training.metrics import CompiledMetrics
 from sparkdl.training.variables import FlatVariables
 
@@ -120,7 +121,8 @@ class UpdateExchange(abc.ABC):
 
 
 class Stopwatch:
-    """Accumulates named phase durations of one step."""
+    """Accumulates named phase durations of one step; each lap is also a span of the active
+    timeline (``compute_s`` → ``compute``, see :mod:`sparkdl.training.timeline`)."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
@@ -129,4 +131,5 @@ class Stopwatch:
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self.timings[name] = self.timings.get(name, 0.0) + now - self._last
+        timeline.record(name.removesuffix("_s"), self._last, now)
         self._last = now

@@ -69,6 +69,7 @@ class KerasFit:
         resume: bool = False,
         prefetch: int = 4,
         decode_threads: int = 2,
+        timeline: str | None = None,
     ) -> FitResult:
         """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
 
@@ -95,6 +96,9 @@ class KerasFit:
                 checkpoint, and ``resume=True`` continues a fit that was killed as a whole.
             prefetch, decode_threads: row groups each worker's reader decodes ahead, on how
                 many threads (DL4J's ``workerPrefetchNumBatches``).
+            timeline: a directory URI: every worker writes a Chrome trace of its steps there,
+                ``rank-<N>.json`` (see :mod:`sparkdl.training.timeline`); the files' URIs are
+                in ``history.metrics["timeline"]``.
         """
         from sparkdl.errors import ConfigurationError
         from sparkdl.training.driver import FitOptions, run_fit
@@ -109,7 +113,7 @@ class KerasFit:
             initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
             checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
-            decode_threads=decode_threads,
+            decode_threads=decode_threads, timeline=timeline,
         )
         history, self.model = run_fit(
             self.model, self.training_master, self._launcher(), data, options,

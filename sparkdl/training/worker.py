@@ -67,6 +67,7 @@ class WorkerSpec:
     events: EventsSpec | None = None
     prefetch: int = 4
     decode_threads: int = 2
+    timeline: str | None = None  # URI: write a Chrome trace per rank there
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,6 +148,8 @@ class Checkpointing(WorkerCallback):
     """Every rank stages its own state and rank 0 publishes the checkpoint when
     ``policy.due`` says so (every N epochs or steps)."""
 
+    timeline_name = "checkpoint"
+
     def __init__(self, policy: Any, store: Any, run_id: str) -> None:
         self.policy = policy
         self.store = store
@@ -181,6 +184,8 @@ class Checkpointing(WorkerCallback):
 class Validation(WorkerCallback):
     """Evaluate the validation shards at the end of every ``freq``-th epoch: each rank reads
     its share of the files, then loss and compiled metrics are combined exactly."""
+
+    timeline_name = "validation"
 
     def __init__(self, spec: ValidationSpec) -> None:
         from sparkdl.data.metadata import ShardMetadata
@@ -218,7 +223,30 @@ def run_worker(
     """Train on this worker's slice; returns its measurements (rank 0 adds the model).
 
     ``secret`` authenticates rank 0's event channel to the driver (``spec.events``).
+    With ``spec.timeline`` it records the fit (see :mod:`sparkdl.training.timeline`) and
+    writes the trace at the end, also when the fit fails.
     """
+    if not spec.timeline:
+        return _run_worker(spec, comm, secret)
+    from sparkdl.training.timeline import Timeline, TracedCommunicator, recording
+
+    recorder = Timeline(comm.rank)
+    written: str | None = None
+    try:
+        with recording(recorder):
+            result = _run_worker(spec, TracedCommunicator(comm), secret)
+    finally:
+        try:
+            written = recorder.write(spec.timeline)
+            log.info("worker %d: timeline written to %s", comm.rank, written)
+        except Exception as exc:  # never hide the fit's own outcome
+            log.warning("worker %d: could not write the timeline to %s: %s",
+                        comm.rank, spec.timeline, exc)
+    result.timeline = written
+    return result
+
+
+def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> WorkerResult:
     import keras
 
     started_at = time.time()

@@ -141,7 +141,7 @@ def test_output_dir_that_is_a_file_is_found_before_training(capsys, tmp_path: Pa
 
 
 @pytest.mark.parametrize("key", ["data.dir", "training.checkpoint_dir",
-                                 "training.tensorboard_dir"])
+                                 "training.tensorboard_dir", "training.timeline"])
 def test_directories_that_are_files(capsys, tmp_path: Path, key: str) -> None:
     import re
 
