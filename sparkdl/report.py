@@ -46,6 +46,7 @@ FIGURES = (
     "loss_after_averaging",
     *PHASES,
     "epoch_s",
+    "workers",
 )
 
 # Headline rows of the report's table: (key in metrics.json, label).
@@ -193,7 +194,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
         figures = _evaluation_figures(Path(run_dir) / EVALUATION_FILE)
         if figures:
             sections.append(_section("Evaluations (test data)", figures))
-    body = [_headline_table(metrics, history), f'<div class="plots">{"".join(sections)}</div>',
+    body = [_headline_table(metrics, history), _elastic(metrics),
+            f'<div class="plots">{"".join(sections)}</div>',
             _history_table(history) if history else ""]
     name = html.escape(Path(run_dir).resolve().name)
     return _PAGE.format(title=f"sparkdl run report: {name}", body="\n".join(body))
@@ -374,6 +376,16 @@ def _headline_table(metrics: Mapping[str, Any], history: Mapping[str, list[float
     cells = "".join(f"<tr><th>{html.escape(label)}</th><td>{html.escape(_format(value))}</td>"
                     f"</tr>" for label, value in rows)
     return f'<section><h2>Run</h2><table class="headline">{cells}</table></section>'
+
+
+def _elastic(metrics: Mapping[str, Any]) -> str:
+    """One line per change of an elastic fit's world size (``elastic_events``)."""
+    lines = [
+        f"Elastic fit: continued at epoch {e['epoch']}, step {e['step']} with "
+        f"{e['to_workers']} workers instead of {e['from_workers']} after: {e['cause']}"
+        for e in metrics.get("elastic_events") or ()
+    ]
+    return "".join(_note(line) for line in lines)
 
 
 def _class_table(evaluation: Evaluation) -> str:
