@@ -84,7 +84,7 @@ def test_a_state_without_a_residual_is_its_own():
 def test_folding_refuses_residuals_of_another_shape():
     a = {"compressor.memory.residual": np.zeros(3, np.float32)}
     b = {"compressor.memory.residual": np.zeros(4, np.float32)}
-    with pytest.raises(ConfigurationError, match="compressor.memory.residual"):
+    with pytest.raises(ConfigurationError, match=r"compressor\.memory\.residual"):
         fold_states([a, b])
 
 
