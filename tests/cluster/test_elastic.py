@@ -50,7 +50,9 @@ def start(cluster: NetCluster, script: str, out: Path, data: Path, *sets: str) -
             "--set", "training.elastic={min_workers: 2, max_failures: 2}",
             "--set", "cluster.timeout_s=30", *(a for s in sets for a in ("--set", s))]
     command = [spark_submit(), "--master", cluster.master_url, *cluster.submit_args(),
-               "--conf", f"spark.executorEnv.PYTHONPATH={REPO}", script, *args]
+               "--conf", f"spark.executorEnv.PYTHONPATH={REPO}",
+               # start once every executor registered: the fit counts the slots at once
+               "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0", script, *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
     out.mkdir(parents=True)
