@@ -52,7 +52,8 @@ def start(cluster: NetCluster, script: str, out: Path, data: Path, *sets: str) -
     command = [spark_submit(), "--master", cluster.master_url, *cluster.submit_args(),
                "--conf", f"spark.executorEnv.PYTHONPATH={REPO}",
                # start once every executor registered: the fit counts the slots at once
-               "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0", script, *args]
+               "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+               "--conf", f"spark.cores.max={HOSTS * CORES}", script, *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
     out.mkdir(parents=True)
