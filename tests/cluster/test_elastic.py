@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")
 HOSTS, CORES, WORKERS, EPOCHS = 2, 3, 4, 12
 
-pytestmark = pytest.mark.slow
+# the cluster and the reference run count in the first test's time (~10 min when loaded)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 try:
     check_privileges()
