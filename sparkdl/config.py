@@ -146,6 +146,18 @@ class ClippingConfig(_Section):
     frequency: int = Field(default=5, ge=0)
 
 
+class ElasticConfig(_Section):
+    """``training.elastic``: relaunch a failed training stage with the task slots left."""
+
+    min_workers: int = Field(
+        default=1, ge=1,
+        description="the fewest workers a relaunch may use; fewer slots left fail the fit",
+    )
+    max_failures: int = Field(
+        default=3, ge=0, description="failed training stages the fit survives",
+    )
+
+
 class TrainingConfig(_Section):
     """The training master and its schedule."""
 
@@ -175,6 +187,11 @@ class TrainingConfig(_Section):
     )
     checkpoint_every: int = Field(default=1, ge=1)
     checkpoint_unit: Literal["epochs", "steps"] = "epochs"
+    elastic: ElasticConfig | None = Field(
+        default=None,
+        description="when a host is lost for good, continue with the workers left "
+        "(resuming from the latest checkpoint; needs checkpoint_dir)",
+    )
     validation: str = Field(
         default="test",
         description="'test' (the ETL's test shards), 'none', or the URI of shards to validate "
@@ -199,6 +216,18 @@ class TrainingConfig(_Section):
             raise ValueError(
                 "overlap: true applies to mode 'sharing' or 'dense', not 'averaging'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _elastic_fits(self) -> TrainingConfig:
+        if self.elastic is not None:
+            if self.elastic.min_workers > self.num_workers:
+                raise ValueError(
+                    f"elastic.min_workers={self.elastic.min_workers} is more than "
+                    f"num_workers={self.num_workers}"
+                )
+            if not self.checkpoint_dir:
+                raise ValueError("elastic needs checkpoint_dir: a relaunch resumes from it")
         return self
 
     @field_validator("verbose", mode="before")

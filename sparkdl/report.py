@@ -46,6 +46,7 @@ FIGURES = (
     "loss_after_averaging",
     *PHASES,
     "epoch_s",
+    "workers",
 )
 
 # Headline rows of the report's table: (key in metrics.json, label).
@@ -193,7 +194,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
         figures = _evaluation_figures(Path(run_dir) / EVALUATION_FILE)
         if figures:
             sections.append(_section("Evaluations (test data)", figures))
-    body = [_headline_table(metrics, history), _timeline_links(metrics),
+    body = [_headline_table(metrics, history), _elastic(metrics), _timeline_links(metrics),
             f'<div class="plots">{"".join(sections)}</div>',
             _history_table(history) if history else ""]
     name = html.escape(Path(run_dir).resolve().name)
@@ -393,6 +394,16 @@ def _timeline_links(metrics: Mapping[str, Any]) -> str:
 
 def _href(uri: str) -> str:
     return uri if "://" in uri else Path(uri).resolve().as_uri()
+
+
+def _elastic(metrics: Mapping[str, Any]) -> str:
+    """One line per change of an elastic fit's world size (``elastic_events``)."""
+    lines = [
+        f"Elastic fit: continued at epoch {e['epoch']}, step {e['step']} with "
+        f"{e['to_workers']} workers instead of {e['from_workers']} after: {e['cause']}"
+        for e in metrics.get("elastic_events") or ()
+    ]
+    return "".join(_note(line) for line in lines)
 
 
 def _class_table(evaluation: Evaluation) -> str:

@@ -8,10 +8,12 @@ loop (:mod:`sparkdl.training.worker`). Rank 0's trained model comes back to the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 import secrets
 import socket
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,7 @@ from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
+from sparkdl.training.elastic import ElasticEvent, ElasticPolicy, replan
 from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
 
@@ -56,9 +59,17 @@ class SparkModel(KerasFit):
         *,
         cluster: ClusterConfig | None = None,
         custom_objects: dict[str, Any] | None = None,
+        elastic: ElasticPolicy | None = None,
     ) -> None:
         if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
             raise ConfigurationError("the Keras model must be compiled (model.compile(...))")
+        if elastic is not None:
+            if not isinstance(elastic, ElasticPolicy):
+                raise ConfigurationError(
+                    f"elastic must be an ElasticPolicy, got {type(elastic).__name__}"
+                )
+            elastic.check(training_master.num_workers)
+        self.elastic = elastic
         self.spark = spark
         self.model = model
         self.training_master = training_master
@@ -84,6 +95,10 @@ class SparkModel(KerasFit):
     ) -> FitResult:
         """Train on a shard directory URI or a DataFrame, as Keras's ``Model.fit`` does.
 
+        With ``elastic`` (an :class:`~sparkdl.training.elastic.ElasticPolicy`) a failed
+        training stage is relaunched with the task slots still available (at least
+        ``min_workers``), resuming from the latest checkpoint: ``checkpoint_dir`` is required.
+
         A DataFrame is written once as shards into the run store ``store`` (a filesystem URI;
         default: a temporary directory, local masters only) and reused when the same
         DataFrame is fitted or evaluated again in this process; the shards are deleted when
@@ -93,6 +108,11 @@ class SparkModel(KerasFit):
         :mod:`sparkdl.data.frames`). ``validation_data`` may be a DataFrame too. The other
         arguments are :meth:`KerasFit.fit`'s.
         """
+        if self.elastic is not None and not kwargs.get("checkpoint_dir"):
+            raise ConfigurationError(
+                "an elastic fit resumes from checkpoints: set checkpoint_dir "
+                "(training.checkpoint_dir)"
+            )
         if _is_dataframe(data):
             self.label_spec = None
             data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards)
@@ -153,9 +173,15 @@ class SparkModel(KerasFit):
     def _task_cpus(self) -> int:
         return int(self.spark.sparkContext.getConf().get("spark.task.cpus", "1"))
 
+    def _task_slots(self) -> int:
+        """The task slots Spark has now: its total executor cores (``defaultParallelism``,
+        which follows executors joining and leaving unless ``spark.default.parallelism``
+        is set) over ``spark.task.cpus``. Public API only."""
+        return max(1, self.spark.sparkContext.defaultParallelism // self._task_cpus())
+
     def _check_slots(self, num_workers: int) -> None:
         sc = self.spark.sparkContext
-        slots = max(1, sc.defaultParallelism // self._task_cpus())
+        slots = self._task_slots()
         if num_workers > slots:
             raise ConfigurationError(
                 f"num_workers={num_workers} but Spark has only {slots} task slots "
@@ -418,6 +444,10 @@ class _SparkLauncher:
         self.mode = spark_model.training_master.mode
         self.threads_per_worker = spark_model._task_cpus()
         self.check_slots = spark_model._check_slots
+        self.task_slots = spark_model._task_slots
+        self.elastic = spark_model.elastic
+        self.elastic_events: list[ElasticEvent] = []
+        self._cancelled = False
         sc = self.spark.sparkContext
         if sc.master.startswith("local"):  # executors share the driver's machine
             self.driver_host = self.bind_host = "127.0.0.1"
@@ -430,9 +460,71 @@ class _SparkLauncher:
         self._group = f"sparkdl-fit-{secrets.token_hex(6)}"
 
     def cancel(self) -> None:
+        self._cancelled = True
         self.spark.sparkContext.cancelJobGroup(self._group)
 
     def run(self, spec: Any, secret: bytes) -> list[Any]:
+        if self.elastic is None:
+            return self._run_stage(spec, secret, spark_retries=True)
+        return self._run_elastic(spec, secret)
+
+    def _run_elastic(self, spec: Any, secret: bytes) -> list[Any]:
+        """Run the stage without Spark's retries (which would wait forever for the slots of
+        a host that is gone); after a failure relaunch it with the slots still available,
+        at most ``num_workers``, resuming from the latest checkpoint."""
+        from sparkdl.training.checkpoint import CheckpointStore
+
+        policy, wanted = self.elastic, len(spec.slices)
+        assert policy is not None and spec.checkpoint is not None
+        store = CheckpointStore(spec.checkpoint["uri"])
+        spec = dataclasses.replace(spec, extra={**spec.extra, "elastic": True})
+        current, failures = spec, 0
+        while True:
+            try:
+                return self._run_stage(current, secret, spark_retries=False)
+            except TrainingError as exc:
+                failures += 1
+                store.check_failure()  # a failure no relaunch can fix (non-finite values)
+                if self._cancelled:
+                    raise
+                world = len(current.slices)
+                if failures > policy.max_failures:
+                    raise TrainingError(
+                        f"elastic fit: the training stage failed {failures} time(s), more than "
+                        f"training.elastic.max_failures={policy.max_failures}; last: {exc}"
+                    ) from exc
+                slots = self._settled_slots()
+                if slots < policy.min_workers:
+                    raise TrainingError(
+                        f"elastic fit: only {slots} task slot(s) are left after the training "
+                        f"stage failed, fewer than training.elastic.min_workers="
+                        f"{policy.min_workers}; the failure: {exc}"
+                    ) from exc
+                new_world = min(wanted, slots)
+                log.warning("elastic fit: relaunching the training stage with %d worker(s) "
+                            "(was %d) after: %s", new_world, world, exc)
+                if new_world != world:
+                    latest = store.latest(spec.checkpoint["run_id"])
+                    position = (latest.state.epoch, latest.state.step_in_epoch) if latest \
+                        else (spec.initial_epoch, 0)
+                    self.elastic_events.append(ElasticEvent(
+                        *position, world, new_world, _short(str(exc))
+                    ))
+                    current = replan(spec, new_world)
+
+    def _settled_slots(self, settle_s: float = 3.0) -> int:
+        """The task slots once Spark's count has held still for ``settle_s`` (a lost host's
+        executors leave a moment after the stage fails); bounded by ``cluster.timeout_s``."""
+        deadline = time.monotonic() + max(self.cluster.timeout_s, settle_s)
+        slots, since = self.task_slots(), time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - since < settle_s:
+            time.sleep(0.25)
+            now = self.task_slots()
+            if now != slots:
+                slots, since = now, time.monotonic()
+        return slots
+
+    def _run_stage(self, spec: Any, secret: bytes, *, spark_retries: bool) -> list[Any]:
         sc = self.spark.sparkContext
         cluster = self.cluster.model_dump()
         spec_broadcast = sc.broadcast(spec)
@@ -445,16 +537,13 @@ class _SparkLauncher:
             # failed barrier *result* stage aborts the job), so results go through a
             # one-partition shuffle: a lost worker then retries the stage, which resumes
             # from the latest checkpoint.
-            rdd = sc.parallelize(range(num_workers), num_workers).barrier()
-            results = (
-                rdd.mapPartitions(
-                    lambda _: _train_task(spec_broadcast, cluster, secret, attempts.uri)
-                )
-                .map(lambda result: (result.rank, result))
-                .partitionBy(1)
-                .values()
-                .collect()
+            # An elastic fit relaunches the stage itself: there it is a result stage.
+            rdd = sc.parallelize(range(num_workers), num_workers).barrier().mapPartitions(
+                lambda _: _train_task(spec_broadcast, cluster, secret, attempts.uri)
             )
+            if spark_retries:
+                rdd = rdd.map(lambda result: (result.rank, result)).partitionBy(1).values()
+            results = rdd.collect()
             failures = attempts.read()
             if failures:  # Spark's own task-failure logs are off in jobs: say why it retried
                 log.warning("the training stage was retried after: %s", "; ".join(failures))
@@ -630,6 +719,12 @@ def _root_cause(exc: BaseException) -> str:
         return f"{match.group(1)}: {match.group(2)}"
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """The first line of a failure's text, at most ``limit`` characters."""
+    line = next((line for line in text.splitlines() if line.strip()), text)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _is_dataframe(data: Any) -> bool:

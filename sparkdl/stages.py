@@ -109,10 +109,16 @@ def _train(
     keras.utils.set_random_seed(config.training.seed)  # same seed, same initial weights
     model = build_model(config.model, metadata.feature_shape, num_outputs,
                         inputs=metadata.inputs, outputs=metadata.outputs)
-    spark_model = SparkModel(
-        spark, model, master_from_training_config(config.training), cluster=config.cluster
-    )
     training = config.training
+    elastic = None
+    if training.elastic is not None:
+        from sparkdl.training.elastic import ElasticPolicy
+
+        elastic = ElasticPolicy(training.elastic.min_workers, training.elastic.max_failures)
+    spark_model = SparkModel(
+        spark, model, master_from_training_config(training), cluster=config.cluster,
+        elastic=elastic,
+    )
     callbacks = []
     if training.tensorboard_dir:
         from sparkdl.callbacks import TensorBoardScalars

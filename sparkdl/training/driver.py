@@ -165,7 +165,20 @@ def run_fit(
     final = model_from_bytes(results[0].model_bytes, custom_objects)
     for result in results:
         result.model_bytes = None
-    history.metrics = summarize_fit(results, master, spec.steps_per_epoch, wall)
+    elastic = getattr(launcher, "elastic", None) is not None
+    events = [e.to_dict() for e in getattr(launcher, "elastic_events", [])]
+    steps_per_epoch = spec.steps_per_epoch
+    if len(results) != len(spec.slices):  # an elastic fit ended with another world size
+        from sparkdl.training.elastic import replan
+
+        steps_per_epoch = replan(spec, len(results)).steps_per_epoch
+    history.metrics = summarize_fit(results, master, steps_per_epoch, wall)
+    if elastic:
+        history.metrics["elastic_events"] = events
+        for event in events:
+            log.warning("elastic fit: continued at epoch %d, step %d with %d workers instead "
+                        "of %d (%s)", event["epoch"], event["step"], event["to_workers"],
+                        event["from_workers"], event["cause"])
     history.workers = results
     driver.train_end(final)
     if history.metrics.get("resumed_from"):
