@@ -16,15 +16,15 @@ input of the plan is identified:
 Anything else makes the fingerprint *salted* (random, so never reused, and ``why`` says why):
 a leaf of another kind (JDBC and other non-file ``LogicalRelation``\\ s, catalog tables read
 through Hive, data source V2, cached ``InMemoryRelation``\\ s, streams, an RDD read from
-files), a plan that calls a Python (or R) function (UDFs, ``pandas_udf``, ``mapInPandas``,
-...: the plan shows a function's name, not its code or closure), or an input file that cannot
-be listed.
+files), a plan that calls a Python or R function (UDFs, ``pandas_udf``, ``mapInPandas``, ...)
+or a Scala/Java UDF other than ``vector_to_array``, ``array_to_vector`` and
+``VectorAssembler``'s (Spark ML models' among them: a fitted ``MinMaxScaler``'s ranges live
+in its UDF's closure) -- a plan names a function but shows neither its code nor its captured
+state -- or an input file that cannot be listed.
 
-Limits: files changed without a change of size or modification time are not noticed, nor a
-Scala/Java UDF whose code or captured state changed under the same name (Spark ML models'
-UDFs among them).
+Limits: files changed without a change of size or modification time are not noticed.
 
-The Spark JVM is reached in :func:`_plan_facts` only (Spark has no public API for the plan's
+The Spark JVM is reached only through :func:`_plan_facts` (Spark has no public API for the plan's
 leaves and reader options).
 """
 
@@ -45,6 +45,13 @@ if TYPE_CHECKING:
 _EXPR_ID = re.compile(r"#\d+L?")
 # plan nodes and expressions that run Python or R code the plan does not show
 _FOREIGN_FUNCTION = re.compile(r"Python|Pandas|InArrow$|InR$|InRWithArrow$")
+# where the Scala UDFs are defined whose result the plan and its inputs determine: Spark's
+# vector_to_array / array_to_vector (sparkdl adds vector_to_array itself) and VectorAssembler
+_KNOWN_SCALA_UDFS = frozenset({
+    "org.apache.spark.sql.ml.InternalFunctionRegistration$",
+    "org.apache.spark.ml.functions$",
+    "org.apache.spark.ml.feature.VectorAssembler",
+})
 _CLASS = re.compile(r'"class"\s*:\s*"[\w.$]*?([\w$]+)"')
 
 
@@ -67,8 +74,8 @@ def fingerprint(df: DataFrame, options: dict[str, Any] | None = None) -> Fingerp
     leaves: list[Any] = []
     doubts: list[str] = []
     if facts["functions"]:
-        doubts.append(f"the plan calls Python/R code ({', '.join(facts['functions'])}), "
-                      "which the plan names but does not identify")
+        doubts.append(f"the plan calls functions ({', '.join(facts['functions'])}) whose "
+                      "code and captured state it does not show")
     for leaf in facts["leaves"]:
         if "doubt" in leaf:
             doubts.append(leaf["doubt"])
@@ -117,8 +124,12 @@ def _plan_facts(df: DataFrame) -> dict[str, Any]:
     functions it calls and one dict per leaf (``doubt`` set where the leaf's data cannot be
     identified)."""
     plan = df._jdf.queryExecution().optimizedPlan()
-    classes = _CLASS.findall(str(plan.toJSON()))
-    functions = sorted({name for name in classes if _FOREIGN_FUNCTION.search(name)})
+    classes = set(_CLASS.findall(str(plan.toJSON())))
+    functions = sorted(name for name in classes if _FOREIGN_FUNCTION.search(name))
+    if "ScalaUDF" in classes:
+        functions += sorted({f"a Scala UDF of {owner.rstrip('$').rsplit('.', 1)[-1]}"
+                             for owner in _scala_udf_owners(plan)
+                             if owner not in _KNOWN_SCALA_UDFS})
     leaves = plan.collectLeaves()
     return {
         "plan": _EXPR_ID.sub("", _full_plan_text(df, plan)),
@@ -158,6 +169,22 @@ def _leaf_facts(leaf: Any) -> dict[str, Any]:
         return {"kind": kind, "text": _EXPR_ID.sub("", str(leaf.toString()))}
     return {"kind": kind, "doubt": f"{kind} is not a file scan, local data or a range: its "
             "data cannot be proven unchanged"}
+
+
+def _scala_udf_owners(plan: Any) -> list[str]:
+    """The classes defining the Scala/Java UDFs the plan calls."""
+    owners, nodes, expressions = [], [plan], []
+    while nodes:
+        node = nodes.pop()
+        for seq, into in ((node.children(), nodes), (node.expressions(), expressions)):
+            into.extend(seq.apply(i) for i in range(seq.size()))
+    while expressions:
+        expression = expressions.pop()
+        if expression.getClass().getSimpleName() == "ScalaUDF":
+            owners.append(str(expression.function().getClass().getName()).split("$$Lambda")[0])
+        children = expression.children()
+        expressions.extend(children.apply(i) for i in range(children.size()))
+    return owners
 
 
 def _rdd_sources(rdd: Any) -> set[str]:

@@ -107,6 +107,27 @@ def test_plans_with_python_functions_are_never_reused(spark):
     assert len({p.key for p in prints}) == len(prints)
 
 
+def test_spark_ml_transforms_are_rewritten_but_vector_to_array_is_reused(spark):
+    from pyspark.ml.feature import MinMaxScaler, VectorAssembler
+    from pyspark.ml.functions import array_to_vector, vector_to_array
+    from pyspark.sql import functions as F
+
+    data = VectorAssembler(inputCols=["a"], outputCol="v").transform(
+        spark.createDataFrame([(1.0,), (3.0,)], "a double"))
+    narrow = MinMaxScaler(inputCol="v", outputCol="s").fit(data)
+    wide = MinMaxScaler(inputCol="v", outputCol="s", max=10.0).fit(data)
+    prints = [fingerprint(narrow.transform(data)), fingerprint(wide.transform(data))]
+    assert not any(p.reusable for p in prints) and prints[0].key != prints[1].key
+    assert "Scala UDF of MinMaxScalerModel" in prints[0].why, prints[0].why
+
+    vectors = spark.range(4).select(array_to_vector(F.array(F.col("id").cast("double"))).alias("v"))
+    assembled = fingerprint(data)  # VectorAssembler: its output follows from its inputs
+    assert assembled.reusable and fingerprint(data).key == assembled.key
+    arrays = fingerprint(vectors.select(vector_to_array("v", "float32")))
+    assert arrays.reusable, arrays.why
+    assert fingerprint(vectors.select(vector_to_array("v", "float32"))).key == arrays.key
+
+
 def test_an_rdd_is_reused_only_when_its_data_lives_in_the_application(spark, tmp_path):
     local = spark.createDataFrame([(1.0,)], "x double")  # parallelized Python data
     assert fingerprint(local).reusable and fingerprint(local).key == fingerprint(local).key
