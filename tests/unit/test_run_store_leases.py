@@ -76,3 +76,22 @@ def test_an_entry_kept_by_its_writer_survives_every_reusers_exit(tmp_path):
     other.shards(KEY, _must_not_write)
     other.cleanup()
     assert _entry_complete(tmp_path)
+
+
+def test_a_deletion_that_never_finishes_makes_the_reuser_write_afresh(tmp_path, monkeypatch):
+    from sparkdl.data import store
+
+    monkeypatch.setattr(store, "RETIRE_WAIT_S", 0.2)
+    (tmp_path / KEY).mkdir()
+    (tmp_path / KEY / METADATA_FILE).write_text("{}")
+    leases = tmp_path / store.LEASES / KEY
+    leases.mkdir(parents=True)
+    (leases / "retiring-a-process-that-died").write_text("")
+    written: list[str] = []
+    reuser = RunStore(str(tmp_path))
+    try:
+        uri = reuser.shards(KEY, written.append)
+    finally:
+        reuser.cleanup()
+    assert written == [uri] and f"/{KEY}-" in uri  # not the entry being deleted
+    assert _entry_complete(tmp_path)  # still there: the deletion is the other process's
