@@ -101,8 +101,9 @@ class SparkModel(KerasFit):
 
         A DataFrame is written once as shards into the run store ``store`` (a filesystem URI;
         default: a temporary directory, local masters only) and reused when the same
-        DataFrame is fitted or evaluated again in this process; the shards are deleted when
-        the process exits unless ``keep_shards=True``. ``features_col`` names a Spark ML
+        DataFrame is fitted or evaluated again and provably the same data
+        (:mod:`sparkdl.data.fingerprint`); the last process using the shards deletes them when
+        it exits unless ``keep_shards=True``. ``features_col`` names a Spark ML
         vector column, an ``array<numeric>`` column or numeric column(s); ``label_kind``
         (``"class"`` / ``"regression"``) overrides the inferred kind (see
         :mod:`sparkdl.data.frames`). ``validation_data`` may be a DataFrame too. The other
