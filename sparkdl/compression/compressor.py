@@ -122,6 +122,14 @@ class Compressor(abc.ABC):
     ) -> np.ndarray:
         """Sum all ranks' frames (``frames[i]`` from rank ``i``) into ``out`` (zeroed first)."""
 
+    def decompress_sparse_sum(
+        self, frames: Sequence[bytes | memoryview], step: int, scratch: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The sum of :meth:`decompress_sum` as ``(index, values)`` — every element some frame
+        touched, ascending, and its sum — or None when this compressor (or one of these
+        frames) has no sparse form; ``scratch`` is a zero float32 vector, left zero."""
+        return None
+
     def get_state(self) -> dict[str, Any]:
         """This rank's compressor state: ``{"memory.residual": ..., ...}``."""
         return prefixed("memory", self.memory.get_state())
@@ -294,7 +302,36 @@ class ThresholdCompressor(Compressor):
         else:
             self._check("out", out)
             out.fill(0)
+        for position, header, payload in self._unpacked(frames, step):
+            self._decode(position, header, payload, out)
+        return out
+
+    def decompress_sparse_sum(
+        self, frames: Sequence[bytes | memoryview], step: int, scratch: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`decompress_sum` in O(entries) when every frame is sparse: the same additions
+        in the same order, into the zeros of ``scratch``, read back at the touched indices and
+        zeroed again (also when a frame is bad)."""
+        self._check("scratch", scratch)
+        unpacked = list(self._unpacked(frames, step))
+        if any(header.encoding is not Encoding.SPARSE for _, header, _ in unpacked):
+            return None
+        touched: list[np.ndarray] = []
+        try:
+            for position, header, payload in unpacked:
+                self._decode(position, header, payload, scratch)
+                codes = np.frombuffer(payload, dtype="<i4")
+                touched.append(np.abs(codes).astype(np.int64) - 1)
+            index = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
+            return index, scratch[index]
+        finally:
+            for entries in touched:
+                scratch[entries] = 0.0
+
+    def _unpacked(self, frames: Sequence[bytes | memoryview], step: int):
+        """``(position, header, payload)`` of every frame, all validated first."""
         world_size = len(frames)
+        out = []
         for position, frame in enumerate(frames):
             header, payload = unpack_frame(
                 frame,
@@ -307,11 +344,14 @@ class ThresholdCompressor(Compressor):
                 raise CommunicationError(
                     f"bad frame at position {position}: rank expected {position}, got {header.rank}"
                 )
-            try:
-                decode_into(header.encoding, payload, self.num_elements, header.tau, out)
-            except CommunicationError as exc:
-                raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
+            out.append((position, header, payload))
         return out
+
+    def _decode(self, position: int, header: Any, payload: Any, out: np.ndarray) -> None:
+        try:
+            decode_into(header.encoding, payload, self.num_elements, header.tau, out)
+        except CommunicationError as exc:
+            raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
 
 
 class CompressorConfig(abc.ABC):
