@@ -250,22 +250,44 @@ class ThresholdCompressor(Compressor):
         shake = self.shake_up is not None and self.shake_up.due(step)
         return shake, tau * self.shake_up.factor if shake and self.shake_up else tau
 
-    def compress(self, update: np.ndarray, step: int) -> tuple[bytes, EncodingStats]:
-        """Add ``update`` to the residual, encode it, and return ``(frame, stats)``."""
-        self._check("update", update)
+    def compress(
+        self, update: np.ndarray | Sequence[np.ndarray], step: int
+    ) -> tuple[bytes, EncodingStats]:
+        """Add ``update`` to the residual, encode it, and return ``(frame, stats)``.
+
+        ``update``: the float32 vector, or its consecutive pieces (float32 arrays of any
+        shape whose sizes add up to ``num_elements``; each is added to its slice of the
+        residual, so the caller need not concatenate them)."""
         started = time.perf_counter()
         residual = self.memory.residual
-        if self.threshold.uses_residual:
+        if not isinstance(update, np.ndarray):
+            self._add_pieces(residual, update)
+            add = None
+        elif self.threshold.uses_residual:
+            self._check("update", update)
             np.add(residual, update, out=residual)
-            tau = self.threshold.select(residual, step)
             add = None
         else:
-            tau = self.threshold.select(residual, step)
-            add = update  # fused into the encode sweep
+            add = self._check("update", update)  # fused into the encode sweep
+        tau = self.threshold.select(residual, step)  # reads the residual only if uses_residual
         shake, encode_tau = self.shaken_tau(tau, step)
         encoded = threshold_encode(residual, encode_tau, add=add)
         self.memory.post_process(tau, step)
         return self.finish_frame(encoded, step, shake, started)
+
+    def _add_pieces(self, residual: np.ndarray, pieces: Sequence[np.ndarray]) -> None:
+        arrays = [np.asarray(piece) for piece in pieces]
+        sizes = [a.size for a in arrays]
+        if sum(sizes) != self.num_elements or any(a.dtype != np.float32 for a in arrays):
+            raise ConfigurationError(
+                f"update pieces must be float32 arrays of {self.num_elements} elements in all, "
+                f"got sizes {sizes} and dtypes {sorted({str(a.dtype) for a in arrays})}"
+            )
+        start = 0
+        for array, size in zip(arrays, sizes):
+            piece = residual[start:start + size]
+            np.add(piece, array.reshape(-1), out=piece)
+            start += size
 
     def finish_frame(
         self, encoded: EncodedUpdate, step: int, shake: bool, started: float

@@ -116,11 +116,12 @@ class UpdateExchange(abc.ABC):
 
     def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, Any]:
         """``(loss, update, finite)`` of this worker's batch; by default the flat float32
-        gradient as numpy (``finite``: whether every element is finite)."""
+        gradient as a read-only numpy view of the tensor (no copy on CPU; ``finite``: whether
+        every element is finite)."""
         if self._gradients_fn is None:
             self._gradients_fn = tf.function(self._flat_gradients, reduce_retracing=True)
         loss, grads, finite = self._gradients_fn(x, y)
-        return loss, grads.numpy(), finite
+        return loss, np.asarray(grads), finite
 
     def encode(self, update: Any, step: int) -> Any:
         """The message this worker sends (main thread); by default the update itself."""

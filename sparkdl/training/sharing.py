@@ -64,18 +64,24 @@ class GradientSharingExchange(UpdateExchange):
         self._pending_host = np.zeros(n, dtype=np.float32)  # checkpoint compatibility: zeros
         self._scratch = np.zeros(n, dtype=np.float32)  # zeros between sparse decodes
         self._sum = np.zeros(n, dtype=np.float32)  # the dense sum of bitmap frames
-        self._sparse_apply = all(self.trainable.shapes)  # scalar variables: dense only
         self._update_fn = tf.function(self._update_graph, reduce_retracing=True)
         self._add_dense_fn = tf.function(self._add_dense_graph, reduce_retracing=True)
-        self._add_sparse_fn = tf.function(self._add_sparse_graph, reduce_retracing=True)
+        self._add_sparse_fn = tf.function(
+            self._add_sparse_graph,
+            input_signature=[
+                tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([None], tf.float32),
+                tf.TensorSpec([len(self._shared) + 1], tf.int64),
+            ],
+        )
         self.last_stats = None
 
     # Graphs -----------------------------------------------------------------------------
 
-    def _update_graph(self, x: tf.Tensor, y: tf.Tensor):
-        """The optimizer's update of this batch as one flat vector; the weights are W again
-        afterwards (``u = v - w``, then ``v`` shares ``w``'s buffer until the next optimizer
-        step writes it)."""
+    def _update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
+        """The optimizer's update of this batch (one flat vector, or one piece per variable
+        with ``flat=False``) and whether it is finite; the weights are W again afterwards
+        (``u = v - w``, then ``v`` shares ``w``'s buffer until the next optimizer step)."""
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
@@ -83,10 +89,12 @@ class GradientSharingExchange(UpdateExchange):
         self.model.optimizer.apply(grads, variables)
         pieces = []
         for variable, shared in zip(variables, self._shared):
-            pieces.append(tf.reshape(variable - shared, [-1]))
+            pieces.append(variable - shared)
             variable.assign(shared)
-        update = tf.concat(pieces, axis=0)
-        return loss, update, tf.reduce_all(tf.math.is_finite(update))
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
+        if flat:
+            return loss, tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0), finite
+        return loss, pieces, finite
 
     def _add_dense_graph(self, total: tf.Tensor) -> None:
         """W ← W + total; the model's variables ← W (same bits on every worker)."""
@@ -96,19 +104,26 @@ class GradientSharingExchange(UpdateExchange):
             shared.assign_add(piece)
             variable.assign(shared)
 
-    def _add_sparse_graph(self, indices: list[tf.Tensor], values: list[tf.Tensor]) -> None:
-        """W and the model's variables (equal) += the sum's entries, variable by variable.
-        A scatter into a new tensor, not into the variable: TensorFlow's sparse variable ops
-        switch a variable to copy-on-read, and every later dense read would copy it."""
-        for variable, shared, index, value in zip(
-            self.model.trainable_variables, self._shared, indices, values
+    def _add_sparse_graph(self, index: tf.Tensor, values: tf.Tensor, bounds: tf.Tensor) -> None:
+        """W and the model's variables (equal) += the sum's entries (flat ``index``,
+        ascending; variable i's are ``index[bounds[i]:bounds[i + 1]]``). A scatter into a new
+        tensor, not into the variable: TensorFlow's sparse variable ops switch a variable to
+        copy-on-read, and every later dense read of it would copy it."""
+        for i, (variable, shared, offset) in enumerate(
+            zip(self.model.trainable_variables, self._shared, self.trainable.offsets)
         ):
+            start, stop = bounds[i], bounds[i + 1]
             current = shared.read_value()
-            total = tf.cond(
-                tf.size(value) > 0,
-                lambda c=current, i=index, v=value: tf.tensor_scatter_nd_add(c, i, v),
-                lambda c=current: c,
-            )
+
+            def scatter(current=current, start=start, stop=stop, offset=offset):
+                local = index[start:stop] - offset
+                flat = tf.reshape(current, [-1])
+                return tf.reshape(
+                    tf.tensor_scatter_nd_add(flat, local[:, None], values[start:stop]),
+                    tf.shape(current),
+                )
+
+            total = tf.cond(stop > start, scatter, lambda current=current: current)
             shared.assign(total)
             variable.assign(total)
 
@@ -118,9 +133,11 @@ class GradientSharingExchange(UpdateExchange):
     # The template's hooks ---------------------------------------------------------------
 
     def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, Any]:
-        loss, update, finite = self._update_fn(x, y)
+        # the device encoder takes the flat tensor; the host encoder the pieces, as read-only
+        # numpy views of the tensors (no copy, no concatenation)
+        loss, update, finite = self._update_fn(x, y, self._on_device)
         if not self._on_device:
-            update = update.numpy()  # the host encoder needs it on the host (no copy on CPU)
+            update = [np.asarray(piece) for piece in update]
         return loss, update, finite
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
@@ -133,8 +150,7 @@ class GradientSharingExchange(UpdateExchange):
     def decode(self, received: Any, step: int) -> Any:
         frame, frames, stats = received
         sparse = self.compressor.decompress_sparse_sum(frames, step, self._scratch)
-        if sparse is None or not self._sparse_apply:
-            sparse = None
+        if sparse is None:
             self.compressor.decompress_sum(frames, step, out=self._sum)
         return sparse, frame, frames, stats
 
@@ -155,15 +171,10 @@ class GradientSharingExchange(UpdateExchange):
         }
 
     def _add_sparse(self, index: np.ndarray, values: np.ndarray) -> None:
-        bounds = np.searchsorted(index, self.trainable.offsets)
-        indices, pieces = [], []
-        for shape, offset, start, stop in zip(
-            self.trainable.shapes, self.trainable.offsets, bounds, bounds[1:]
-        ):
-            local = index[start:stop] - offset
-            indices.append(np.stack(np.unravel_index(local, shape), axis=1))
-            pieces.append(values[start:stop])
-        self._add_sparse_fn(indices, pieces)
+        bounds = np.searchsorted(index, self.trainable.offsets).astype(np.int64)
+        self._add_sparse_fn(
+            tf.constant(index, tf.int64), tf.constant(values), tf.constant(bounds)
+        )
 
     # State ------------------------------------------------------------------------------
 
