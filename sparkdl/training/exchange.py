@@ -140,8 +140,11 @@ class UpdateExchange(abc.ABC):
         """Apply the decoded result to the model; returns the step's extra figures. By
         default an optimizer step with ``decoded`` as the flat gradient."""
         if self._apply_gradients_fn is None:
-            self._apply_gradients_fn = tf.function(self._apply_flat, reduce_retracing=True)
-        self._apply_gradients_fn(decoded)
+            self._apply_gradients_fn = tf.function(
+                self._apply_flat, input_signature=[tf.TensorSpec([None], tf.float32)]
+            )
+        # one explicit conversion: a numpy argument costs tf.function far more than the copy
+        self._apply_gradients_fn(tf.convert_to_tensor(decoded, tf.float32))
         return {}
 
     # Around the steps -------------------------------------------------------------------
