@@ -10,6 +10,10 @@ per step (the communicator's counters), and what the model below predicts. Rates
 between cells with ``tc`` on the running cluster; repeats alternate the order of the modes
 and rates, and each figure is the median over repeats.
 
+``--cpu-only`` measures only ``T_m / T_0`` below (``exchange_cpu_s`` and the paired ratio of
+each mode to the plain train step), on this model and on LeNet, without the cluster or root,
+and prints the load average beside it: the quick check of the exchanges' CPU overhead.
+
 Performance model (all parameters measured in the same run, none fitted to the cells)::
 
     step = C_m(w) + (N-1)·D·s + wire + hops·L                       (synchronous)
@@ -66,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import print_table
+from sparkdl.benchmarks.report import paired_ratio, print_table
 
 HOSTS = 2
 CORES_PER_HOST = 2
@@ -119,6 +123,8 @@ def overlap_supported() -> bool:
 def run(options: dict[str, Any]) -> dict[str, Any]:
     from sparkdl.testing.netcluster import NetCluster, check_privileges
 
+    if options.get("cpu_only"):
+        return run_cpu_only(options)
     quick = bool(options.get("quick"))
     rates = ("100mbit", None) if quick else RATES
     per_host = (1,) if quick else WORKERS_PER_HOST
@@ -144,7 +150,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         codec = _measure_codec()
         overlap = overlap_supported()
         modes = MODES if overlap else tuple(m for m in MODES if m != "sharing_overlap")
-        cpu = _measure_exchange_cpu(("compute", *modes))
+        cpu, cpu_ratios = measure_exchange_cpu(("compute", *modes))
         cells: dict[str, Cell] = {}
         compute: dict[int, list[float]] = {}
         uri = None
@@ -187,6 +193,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                     codec, links[_rate_name(cell.rate)])
     figures = _figures(cells, compute_s, codec, links, repeats, schedule)
     figures["exchange_cpu_s"] = cpu
+    figures["exchange_cpu_ratio"] = cpu_ratios
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
                    ring_links={f"{w}x{HOSTS}": p for w, p in probes.items()},
@@ -260,12 +267,39 @@ def _measure_codec() -> dict[str, float]:
     return {"encode_s": by_op["encode"], "decode_s": by_op["decode"], "parameters": params}
 
 
-def _measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15) -> dict[str, float]:
+CPU_TARGETS = {"sharing": 1.15, "dense": 1.10, "averaging": 1.05}
+
+
+def run_cpu_only(options: dict[str, Any]) -> dict[str, Any]:
+    """``--cpu-only``: the in-process measurement alone (no cluster, no root), on the scaling
+    model and on LeNet, with the load average beside it."""
+    repeats = int(options.get("repeats") or (10 if options.get("quick") else 40))
+    load_before = os.getloadavg()
+    figures: dict[str, Any] = {}
+    for name in ("scaling", "lenet"):
+        seconds, ratios = measure_exchange_cpu(("compute", *MODES), repeats=repeats,
+                                               model=name)
+        figures[name] = {"exchange_cpu_s": seconds, "ratio_to_plain_step": ratios}
+    figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
+                   targets=CPU_TARGETS)
+    print(f"load average before {_load(load_before)}, after {_load(os.getloadavg())}")
+    return figures
+
+
+def _load(load: tuple[float, ...]) -> str:
+    return " ".join(f"{v:.2f}" for v in load)
+
+
+def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str = "scaling"
+                         ) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per step of each mode's exchange in this process with a one-rank communicator
-    (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated."""
+    (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated;
+    also each mode's paired ratio to ``compute`` (the plain train step), when measured.
+    ``model``: ``scaling`` (256 -> Dense 4096 -> 10, batch 32) or ``lenet`` (28x28x1, batch
+    32)."""
     import secrets
 
-    from sparkdl.benchmarks.report import alternate
+    from sparkdl.benchmarks.report import alternate_samples
     from sparkdl.comm import create_communicator
     from sparkdl.training.worker import configure_tensorflow
 
@@ -274,24 +308,44 @@ def _measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15) -> dict[str
                                secret=secrets.token_bytes(32), timeout_s=60.0,
                                default_host="127.0.0.1")
     rng = np.random.default_rng(1)
-    x = rng.normal(0, 1, (BATCH, INPUT_DIM)).astype(np.float32)
+    shape = (INPUT_DIM,) if model == "scaling" else (28, 28, 1)
+    x = rng.normal(0, 1, (BATCH, *shape)).astype(np.float32)
     y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
     counter = iter(range(10**9))
-    exchanges = {mode: _master(mode, 1).create_exchange(_model(), comm, job_id=1)
+    build = _model if model == "scaling" else _lenet
+    exchanges = {mode: _master(mode, 1).create_exchange(build(), comm, job_id=1)
                  for mode in modes}
     try:
         for exchange in exchanges.values():
             exchange.metrics.build(x, y)
-        seconds = alternate(
+        samples = alternate_samples(
             {mode: (lambda e=e: e.step(x, y, next(counter))) for mode, e in exchanges.items()},
             repeats=repeats, warmup=3)
         for exchange in exchanges.values():
             exchange.finish()
     finally:
         comm.close()
-    print_table("one step's CPU work per mode, one process, no communication (ms, median)",
-                ["mode", "ms"], [(mode, t * 1e3) for mode, t in seconds.items()])
-    return seconds
+    seconds = {mode: statistics.median(t) for mode, t in samples.items()}
+    ratios = ({mode: paired_ratio(t, samples["compute"]) for mode, t in samples.items()}
+              if "compute" in samples else {})
+    print_table(f"{model}: one step's CPU work per mode, one process, no communication "
+                f"(ms, median of {repeats}; ratio: paired, to the plain train step)",
+                ["mode", "ms", "ratio", "target"],
+                [(mode, t * 1e3, ratios.get(mode, "-"), CPU_TARGETS.get(mode, "-"))
+                 for mode, t in seconds.items()])
+    return seconds, ratios
+
+
+def _lenet() -> Any:
+    import keras
+
+    from sparkdl.models import lenet
+
+    keras.utils.set_random_seed(1)
+    model = lenet((28, 28, 1), CLASSES)
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss="sparse_categorical_crossentropy")
+    return model
 
 
 def num_parameters() -> int:
