@@ -53,10 +53,11 @@ def _check_steps(events: list[dict], overlap: bool) -> None:
         assert _children(step, events) == ["data wait", "exchange", "event channel"]
         exchange = next(e for e in events if e["name"] == "exchange" and _inside(e, step))
         phases = _children(exchange, events)
-        if overlap:
-            assert phases == ["compute", "communicate", "apply"]
+        if overlap:  # the previous step's result is received after this step's encode
+            assert phases[:2] == ["compute", "encode"], phases
+            assert phases[2:] in ([], ["communicate", "decode", "apply"]), phases
         else:
-            assert phases == ["compute", "encode", "communicate", "decode"]
+            assert phases == ["compute", "encode", "communicate", "decode", "apply"]
             communicate = next(e for e in events
                                if e["name"] == "communicate" and _inside(e, exchange))
             (gather,) = [e for e in events if _inside(e, communicate)]
