@@ -20,6 +20,7 @@ from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
+from sparkdl.storage import spark_uri
 from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
 
@@ -639,7 +640,8 @@ def _is_dataframe(data: Any) -> bool:
 
 
 def _join(uri: str, relative: str) -> str:
-    return uri.rstrip("/") + "/" + relative
+    """``uri/relative`` as Spark reads it."""
+    return spark_uri(uri.rstrip("/") + "/" + relative)
 
 
 __all__ = ["SparkModel"]
