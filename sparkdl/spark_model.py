@@ -23,6 +23,7 @@ from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_pla
 from sparkdl.storage import spark_uri
 from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
+from sparkdl.training.model_check import check_model_fits_shards
 
 if TYPE_CHECKING:
     import keras
@@ -220,6 +221,7 @@ class SparkModel(KerasFit):
             )
         data_uri = data
         metadata = read_metadata(data_uri)
+        check_model_fits_shards(self.model, metadata, data_uri, training=False)
         plan = evaluation_plan(metadata, evaluations)
         templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
         sc = self.spark.sparkContext
@@ -302,6 +304,7 @@ class SparkModel(KerasFit):
                     "supported yet; evaluate() them, or predict with the Keras model on "
                     "sparkdl.data.reader.read_all(...)"
                 )
+            check_model_fits_shards(self.model, metadata, data, training=False)
             df = self.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
             feature_shape = metadata.feature_shape
             kind = label_kind or metadata.label_kind
