@@ -87,8 +87,8 @@ def test_run_output_on_s3_publishes_marker_last(s3_bucket: str) -> None:
     uri = f"{s3_bucket}/runs/r1"
     with RunOutput(uri) as out:
         assert out.remote and out.dir.name == "r1"
-        (out.dir / "metrics.json").write_text('{"a": 1}')
-        out.publish("metrics.json")
+        (out.staging / "metrics.json").write_text('{"a": 1}')
+        out.publish_unit(["metrics.json"])
         assert out.location("metrics.json") == f"{uri}/metrics.json"
         preds = out.dir / "predictions"
         preds.mkdir()
