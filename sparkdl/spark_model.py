@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 import re
 import secrets
 import socket
@@ -437,9 +438,13 @@ class _SparkLauncher:
         self.spark.sparkContext.cancelJobGroup(self._group)
 
     def run(self, spec: Any, secret: bytes) -> list[Any]:
+        from pyspark.serializers import CloudPickleSerializer
+
         sc = self.spark.sparkContext
         cluster = self.cluster.model_dump()
-        spec_broadcast = sc.broadcast(spec)
+        # by value (cloudpickle), not by reference as a broadcast pickles: a custom layer a
+        # script or notebook defined in __main__ exists on no executor until it arrives
+        spec_broadcast = sc.broadcast(CloudPickleSerializer().dumps(spec))
         num_workers = len(spec.slices)
         attempts = AttemptLog.create(spec.checkpoint["uri"] if spec.checkpoint else None)
         sc.setJobGroup(self._group, f"sparkdl fit ({self.mode}, {num_workers} workers)",
@@ -512,7 +517,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
     infos = context.getTaskInfos()
     gpus = task_gpu_addresses()
     pin_gpus(gpus, role="train")  # before the spec (and TensorFlow with it) is loaded
-    spec = spec_broadcast.value
+    spec = pickle.loads(spec_broadcast.value)
     configure_tensorflow(spec.threads, gpus)
     host = infos[rank].address.rsplit(":", 1)[0]
     with contextlib.suppress(OSError):
