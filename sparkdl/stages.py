@@ -35,7 +35,8 @@ PREDICTIONS_MARKER = "_sparkdl_predictions.json"
 SAVEDMODEL_DIR = "savedmodel"
 #: The file that marks each output directory as sparkdl's (what TF Serving looks for).
 MARKERS = {SAVEDMODEL_DIR: "saved_model.pb", PREDICTIONS_DIR: PREDICTIONS_MARKER}
-#: What the train stage removes when it publishes a new model: figures of the old one.
+#: What the train stage removes when it publishes a new model: the old one's figures (and
+#: its SavedModel, when the new one is not exported).
 STALE_AFTER_TRAIN = (EVALUATION_FILE, PREDICTIONS_DIR)
 
 
@@ -151,7 +152,9 @@ def _train(
     _write_json_atomically(new / METRICS_FILE, metrics)
     write_report(new)  # no evaluation.json beside it: the new model is not evaluated yet
     # the evaluation and predictions of the model being replaced go with it
-    out.publish_unit(_train_unit(config), stale=STALE_AFTER_TRAIN, markers=MARKERS)
+    unit = _train_unit(config)
+    stale = [*STALE_AFTER_TRAIN, *([] if SAVEDMODEL_DIR in unit else [SAVEDMODEL_DIR])]
+    out.publish_unit(unit, stale=stale, markers=MARKERS)
     return metrics
 
 

@@ -5,6 +5,7 @@ stage that cannot publish leaves the previous good run as it was."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,25 +26,28 @@ def test_a_train_rerun_replaces_the_whole_run_and_a_failed_one_changes_nothing(
     run = tmp_path / "run"
     base = [f"data.dir={digits_shards['train'].rsplit('/', 1)[0]}", f"output.dir={run}",
             "training.num_workers=2", "training.epochs=1", "training.mode=dense"]
-    run_train(load_config(None, base), spark)
+    run_train(load_config(None, [*base, "output.export=savedmodel"]), spark)
     run_evaluate(load_config(None, base), spark)
     assert "test accuracy" in (run / "report.html").read_text()
-    good = _snapshot(run)
-    assert {"model.keras", "evaluation.json", "metrics.json", "report.html"} <= set(good)
+    assert {"model.keras", "evaluation.json", "metrics.json", "report.html",
+            "savedmodel/saved_model.pb"} <= set(_snapshot(run))
 
     # the export cannot be written: a user's file is where the SavedModel goes
+    shutil.move(run / "savedmodel", tmp_path / "savedmodel")
     (run / "savedmodel").write_text("a user's file")
+    good = _snapshot(run)
     with pytest.raises(DataError, match=r"output\.dir: cannot publish savedmodel: "
                                         r".*savedmodel is a file sparkdl did not write"):
         run_train(load_config(None, [*base, "output.export=savedmodel"]), spark)
-    (run / "savedmodel").unlink()
     assert _snapshot(run) == good  # the previous good model and its evaluation, untouched
-    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in run.iterdir()
-                                                           if not p.name.startswith("."))
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+    (run / "savedmodel").unlink()
+    shutil.move(tmp_path / "savedmodel", run / "savedmodel")
 
-    run_train(load_config(None, [*base, "training.seed=7"]), spark)  # train only
+    run_train(load_config(None, [*base, "training.seed=7"]), spark)  # train only, no export
     assert (run / "model.keras").read_bytes() != good["model.keras"]
     assert not (run / "evaluation.json").exists()  # it described the old model
+    assert not (run / "savedmodel").exists()  # so did the old export
     metrics = json.loads((run / "metrics.json").read_text())
     assert not [key for key in metrics if key.startswith("test_")]
     assert "test accuracy" not in (run / "report.html").read_text()
