@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 ODD = "my runs%20 #1?x"  # space, %, # and ?; "%20" would be decoded by a careless reader
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]  # two Spark processes
+pytestmark = pytest.mark.spark
 
 
 def _sparkdl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -24,6 +24,7 @@ def _sparkdl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=400, check=False)
 
 
+@pytest.mark.slow  # two Spark processes
 def test_etl_and_predict_work_in_directories_with_odd_characters(tmp_path, make_mlp):
     base = tmp_path / ODD
     data, out = base / "data", base / "out"
@@ -55,3 +56,27 @@ def test_etl_and_predict_work_in_directories_with_odd_characters(tmp_path, make_
     assert local_path(result["predictions"]) == predictions
     table = pq.read_table(predictions)
     assert table.num_rows == read_metadata(str(data / "test")).num_rows
+
+
+def test_predict_reads_and_writes_directories_with_odd_characters(spark, tmp_path,
+                                                                   digits_shards, make_mlp):
+    import shutil
+
+    from sparkdl.config import load_config
+    from sparkdl.data import read_metadata
+    from sparkdl.stages import run_predict
+
+    source = Path(digits_shards["test"].removeprefix("file://")).parent
+    data, out = tmp_path / ODD / "data", tmp_path / ODD / "out"
+    shutil.copytree(source, data)
+    out.mkdir()
+    make_mlp(read_metadata(str(data / "test")).feature_shape, 10).save(out / "model.keras")
+    config = load_config(None, [f"data.dir={json.dumps(str(data))}",
+                                f"output.dir={json.dumps(str(out))}"])
+    run_predict(config, spark)
+    assert sorted(p.name for p in out.iterdir()) == ["model.keras", "predictions"]
+    assert sorted(p.name for p in (tmp_path / ODD).iterdir()) == ["data", "out"]
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(out / "predictions").num_rows == read_metadata(
+        str(data / "test")).num_rows
