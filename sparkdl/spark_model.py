@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import pickle
 import re
 import secrets
 import socket
@@ -22,9 +23,11 @@ from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
+from sparkdl.storage import spark_uri
 from sparkdl.training.elastic import ElasticEvent, ElasticPolicy, replan
 from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
+from sparkdl.training.model_check import check_model_fits_shards
 
 if TYPE_CHECKING:
     import keras
@@ -246,6 +249,7 @@ class SparkModel(KerasFit):
             )
         data_uri = data
         metadata = read_metadata(data_uri)
+        check_model_fits_shards(self.model, metadata, data_uri, training=False)
         plan = evaluation_plan(metadata, evaluations)
         templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
         sc = self.spark.sparkContext
@@ -328,6 +332,7 @@ class SparkModel(KerasFit):
                     "supported yet; evaluate() them, or predict with the Keras model on "
                     "sparkdl.data.reader.read_all(...)"
                 )
+            check_model_fits_shards(self.model, metadata, data, training=False)
             df = self.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
             feature_shape = metadata.feature_shape
             kind = label_kind or metadata.label_kind
@@ -526,9 +531,13 @@ class _SparkLauncher:
         return slots
 
     def _run_stage(self, spec: Any, secret: bytes, *, spark_retries: bool) -> list[Any]:
+        from pyspark.serializers import CloudPickleSerializer
+
         sc = self.spark.sparkContext
         cluster = self.cluster.model_dump()
-        spec_broadcast = sc.broadcast(spec)
+        # by value (cloudpickle), not by reference as a broadcast pickles: a custom layer a
+        # script or notebook defined in __main__ exists on no executor until it arrives
+        spec_broadcast = sc.broadcast(CloudPickleSerializer().dumps(spec))
         num_workers = len(spec.slices)
         attempts = AttemptLog.create(spec.checkpoint["uri"] if spec.checkpoint else None)
         sc.setJobGroup(self._group, f"sparkdl fit ({self.mode}, {num_workers} workers)",
@@ -598,7 +607,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
     infos = context.getTaskInfos()
     gpus = task_gpu_addresses()
     pin_gpus(gpus, role="train")  # before the spec (and TensorFlow with it) is loaded
-    spec = spec_broadcast.value
+    spec = pickle.loads(spec_broadcast.value)
     configure_tensorflow(spec.threads, gpus)
     host = infos[rank].address.rsplit(":", 1)[0]
     with contextlib.suppress(OSError):
@@ -735,7 +744,8 @@ def _is_dataframe(data: Any) -> bool:
 
 
 def _join(uri: str, relative: str) -> str:
-    return uri.rstrip("/") + "/" + relative
+    """``uri/relative`` as Spark reads it."""
+    return spark_uri(uri.rstrip("/") + "/" + relative)
 
 
 __all__ = ["SparkModel"]

@@ -81,6 +81,25 @@ def _fsspec(uri: str, scheme: str) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
+def as_uri(location: str) -> str:
+    """A filesystem URI for a path or URI (relative paths resolve against the CWD); a local
+    path becomes a ``file://`` URI with its odd characters percent-escaped (``my%20runs``),
+    as pyarrow, fsspec and :func:`local_path` read it back. Hand it to Spark through
+    :func:`spark_uri`."""
+    if "://" in location:
+        return location
+    return Path(location).expanduser().resolve().as_uri()
+
+
+def spark_uri(uri: str) -> str:
+    """``uri`` as Spark reads and writes it. Hadoop's ``Path`` takes a string literally (a
+    ``%20`` is a directory named ``%20``; ``#`` and ``?`` are part of the name), so the
+    percent-escapes of a URI are decoded here, the one place sparkdl hands a location over."""
+    uri = as_uri(uri)
+    scheme, rest = uri.split("://", 1)
+    return f"{scheme}://{unquote(rest)}"
+
+
 def local_path(location: str) -> Path | None:
     """The local path of a path or ``file://`` URI; None for any other filesystem."""
     if location.startswith("file:"):

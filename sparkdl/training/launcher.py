@@ -107,6 +107,12 @@ class KerasFit:
             raise ConfigurationError(
                 f"fit() takes the URI of a shard directory, got {type(data).__name__}"
             )
+        from sparkdl.data.metadata import load_metadata
+        from sparkdl.training.model_check import check_model_fits_shards
+
+        for uri in (data, validation_data):  # on the driver, before any task starts
+            if isinstance(uri, str):
+                check_model_fits_shards(self.model, load_metadata(uri), uri)
         options = FitOptions(
             epochs=epochs, validation_data=validation_data, validation_freq=validation_freq,
             validation_batch_size=validation_batch_size, callbacks=callbacks, verbose=verbose,

@@ -24,6 +24,17 @@ def test_resolve_local_and_file_uri(tmp_path: Path) -> None:
     assert storage.local_path("s3://bucket/a") is None
 
 
+def test_odd_directory_names_mean_the_same_directory_to_pyarrow_and_to_spark(
+        tmp_path: Path) -> None:
+    odd = tmp_path / "my runs%20 #1?x"
+    uri = storage.as_uri(str(odd))
+    assert storage.local_path(uri) == odd
+    assert storage.resolve(uri)[1] == str(odd)
+    assert storage.spark_uri(uri) == f"file://{odd}"  # Hadoop's Path reads it literally
+    assert storage.spark_uri(str(odd)) == f"file://{odd}"
+    assert storage.spark_uri("s3://bucket/my%20runs/a%23b") == "s3://bucket/my runs/a#b"
+
+
 def test_unknown_scheme_names_the_uri() -> None:
     with pytest.raises(DataError, match=r"nosuchscheme://x/y"):
         storage.resolve("nosuchscheme://x/y")
@@ -76,8 +87,8 @@ def test_run_output_on_s3_publishes_marker_last(s3_bucket: str) -> None:
     uri = f"{s3_bucket}/runs/r1"
     with RunOutput(uri) as out:
         assert out.remote and out.dir.name == "r1"
-        (out.dir / "metrics.json").write_text('{"a": 1}')
-        out.publish("metrics.json")
+        (out.staging / "metrics.json").write_text('{"a": 1}')
+        out.publish_unit(["metrics.json"])
         assert out.location("metrics.json") == f"{uri}/metrics.json"
         preds = out.dir / "predictions"
         preds.mkdir()
