@@ -137,10 +137,12 @@ def check_model(config: JobConfig) -> None:
     """The model builder, its parameters, the optimizer and the loss resolve (imports Keras)."""
     import keras
 
-    from sparkdl.models import resolve_builder
+    from sparkdl.models import check_mlp_params, mlp, resolve_builder
 
     model = config.model
     builder = resolve_builder(model.name)
+    if builder is mlp:
+        check_mlp_params(model.params)
     try:
         sig = inspect.signature(builder)
     except (TypeError, ValueError):

@@ -120,6 +120,25 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     return kind, (argument.strip() if sep else None)
 
 
+# Label kinds a spec is tried against when no data is at hand: two classes, three classes, one
+# regression target. A spec that none of them takes has a bad argument (``top_n:0``).
+_NEUTRAL_INFOS = (DataInfo(["0", "1"]), DataInfo(["0", "1", "2"]), DataInfo(label_size=1))
+
+
+def check_spec(spec: str) -> None:
+    """Check ``spec`` without data: a known kind and an argument it takes
+    (:class:`ConfigurationError` naming the spec and what is wrong)."""
+    first: ConfigurationError | None = None
+    for info in _NEUTRAL_INFOS:
+        try:
+            create_evaluation(spec, info)
+            return
+        except ConfigurationError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
+
+
 def create_evaluation(spec: str, info: DataInfo) -> BaseEvaluation:
     """Build the evaluation ``spec`` names (``kind`` or ``kind:argument``) for data ``info``."""
     kind, argument = parse_spec(spec)

@@ -240,7 +240,7 @@ def run_worker(
         resumed = store.latest(run_id)
     start = resumed.state if resumed else TrainingState(run_id, 0, spec.initial_epoch, 0)
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
-    keras.utils.set_random_seed(master.seed + comm.rank + 7919 * start.global_step)
+    keras.utils.set_random_seed((master.seed + comm.rank + 7919 * start.global_step) % 2**32)
     model = model_from_bytes(
         resumed.model_bytes if resumed else spec.model_bytes, spec.custom_objects
     )
