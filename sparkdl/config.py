@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -415,7 +414,10 @@ _ConfigLoader.add_implicit_resolver(
 
 def _read_config_bytes(source: str) -> bytes:
     """The bytes of a configuration file: a local path or any filesystem URI."""
-    if "://" in source and not source.startswith("file:"):
+    from sparkdl.storage import local_path
+
+    file = local_path(source)
+    if file is None:
         from sparkdl.errors import DataError
         from sparkdl.storage import read_bytes
 
@@ -423,7 +425,6 @@ def _read_config_bytes(source: str) -> bytes:
             return read_bytes(source, what="configuration file", limit=MAX_BYTES)
         except DataError as exc:
             raise ConfigurationError(str(exc)) from None
-    file = Path(source.removeprefix("file://"))
     if not file.is_file():
         raise ConfigurationError(f"configuration file {source} does not exist")
     try:

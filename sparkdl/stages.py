@@ -20,7 +20,7 @@ from sparkdl.config import JobConfig
 from sparkdl.errors import DataError
 from sparkdl.report import HISTORY_FILE, REPORT_FILE, write_history_csv, write_report
 from sparkdl.run_output import RunOutput
-from sparkdl.storage import configure_s3
+from sparkdl.storage import as_uri, configure_s3
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,13 +33,6 @@ EVALUATION_FILE = "evaluation.json"
 PREDICTIONS_DIR = "predictions"
 PREDICTIONS_MARKER = "_sparkdl_predictions.json"
 SAVEDMODEL_DIR = "savedmodel"
-
-
-def as_uri(location: str) -> str:
-    """A filesystem URI for a path or URI (relative paths resolve against the CWD)."""
-    if "://" in location:
-        return location
-    return Path(location).expanduser().resolve().as_uri()
 
 
 def output_dir(config: JobConfig) -> RunOutput:
