@@ -132,9 +132,17 @@ def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
             stream.write(data)
         fs.move(tmp, path)
     except BaseException:
-        if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
-            fs.delete_file(tmp)
+        _discard(fs, tmp)
         raise
+
+
+def _discard(fs: pafs.FileSystem, tmp: str) -> None:
+    """Delete a temporary file a failed write may have left; a failure here is not the news."""
+    try:
+        if fs.get_file_info(tmp).type == pafs.FileType.File:
+            fs.delete_file(tmp)
+    except (OSError, pa.ArrowException):
+        pass
 
 
 def move_dir(fs: pafs.FileSystem, src: str, dst: str) -> None:
@@ -194,9 +202,13 @@ def _upload_file(source: Path, fs: pafs.FileSystem, path: str) -> None:
     if renames_atomically(fs):
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        pafs.copy_files(str(source), tmp, source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=fs)
-        fs.move(tmp, path)
+        try:
+            pafs.copy_files(str(source), tmp, source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=fs)
+            fs.move(tmp, path)
+        except BaseException:
+            _discard(fs, tmp)
+            raise
     else:
         pafs.copy_files(str(source), path, source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=fs)

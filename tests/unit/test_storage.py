@@ -205,3 +205,15 @@ def test_shards_on_s3_read_by_sparkdls_reader(s3_bucket: str, tmp_path: Path) ->
     lx, ly = read_all(local)
     np.testing.assert_array_equal(x, lx)
     np.testing.assert_array_equal(y, ly)
+
+
+def test_a_failed_upload_leaves_no_temporary_file(tmp_path: Path) -> None:
+    source = tmp_path / "model.keras"
+    source.write_bytes(b"weights")
+    dest = tmp_path / "out"
+    (dest / "model.keras").mkdir(parents=True)  # a directory where the file should go
+    (dest / "model.keras" / "keep").write_text("user's")
+    with pytest.raises(DataError, match=r"cannot write .*out/model\.keras"):
+        storage.upload(source, str(dest / "model.keras"))
+    assert sorted(p.name for p in dest.iterdir()) == ["model.keras"]
+    assert sorted(p.name for p in (dest / "model.keras").iterdir()) == ["keep"]
