@@ -16,8 +16,11 @@ model).
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.fs as pafs
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
@@ -38,6 +41,7 @@ from pyspark.ml.util import (
 from sparkdl.config import TrainingConfig, describe_validation_error
 from sparkdl.data.metadata import join, resolve
 from sparkdl.errors import ConfigurationError
+from sparkdl.storage import move_dir
 
 if TYPE_CHECKING:
     import keras
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
     from sparkdl.training.driver import FitResult
 
 MODEL_FILE = "model.keras"
+
+log = logging.getLogger("sparkdl")
 
 
 class _HasLabelKind(Params):
@@ -202,6 +208,40 @@ class _KerasStageWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """Spark ML's save. With ``overwrite()`` the stage is written to a hidden sibling of
+        ``path`` first and then swapped in (renames where the filesystem has them), so a save
+        that fails leaves the old stage whole and no partial directory behind."""
+        if not self.shouldOverwrite:
+            super().save(path)  # refuses an existing path, as Spark ML does
+            return
+        fs, root = resolve(path)
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            self._save_staged(path, fs, root)
+            return
+        staged = _sibling(path, "saving")
+        self._save_staged(staged, fs, resolve(staged)[1])
+        replaced = resolve(_sibling(path, "replaced"))[1]
+        move_dir(fs, root, replaced)
+        try:
+            move_dir(fs, resolve(staged)[1], root)
+        except BaseException:
+            move_dir(fs, replaced, root)
+            raise
+        try:
+            fs.delete_dir(replaced)
+        except OSError as exc:
+            log.warning("could not delete the replaced stage %s: %s", replaced, exc)
+
+    def _save_staged(self, path: str, fs: pafs.FileSystem, root: str) -> None:
+        """``saveImpl(path)``; what a failure wrote at ``path`` is deleted."""
+        try:
+            self.saveImpl(path)
+        except BaseException:
+            if fs.get_file_info(root).type != pafs.FileType.NotFound:
+                fs.delete_dir(root)
+            raise
+
     def saveImpl(self, path: str) -> None:
         from sparkdl.training.serialization import model_to_bytes
 
@@ -210,6 +250,12 @@ class _KerasStageWriter(MLWriter):
         fs.create_dir(root, recursive=True)
         with fs.open_output_stream(join(root, MODEL_FILE)) as stream:
             stream.write(model_to_bytes(self.instance.model))
+
+
+def _sibling(path: str, tag: str) -> str:
+    """A hidden sibling of ``path`` (a local path or URI): ``.<name>.<tag>-<random>``."""
+    head, sep, name = path.rstrip("/").rpartition("/")
+    return f"{head}{sep}.{name}.{tag}-{uuid.uuid4().hex[:12]}"
 
 
 class _KerasStageReader(MLReader):
