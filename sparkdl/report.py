@@ -461,11 +461,18 @@ def _plot_style() -> Any:
     """matplotlib's default style for the report's figures, restored afterwards.
 
     Figures are made with :class:`matplotlib.figure.Figure` and drawn by the Agg canvas, so
-    neither pyplot nor the user's backend is touched.
+    neither pyplot nor the user's backend is touched. Mathtext is off: class and metric names
+    are the user's text, and ``$...$`` in one is drawn as written, not parsed as TeX.
     """
+    import contextlib
+
+    import matplotlib
     import matplotlib.style
 
-    return matplotlib.style.context("default")
+    stack = contextlib.ExitStack()
+    stack.enter_context(matplotlib.style.context("default"))
+    stack.enter_context(matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}))
+    return stack
 
 
 def _figure(size: tuple[float, float] = (6.4, 3.4)) -> tuple[Figure, Any]:
