@@ -146,6 +146,7 @@ def write_history_csv(
 def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Evaluation | None]:
     """The run's ``metrics.json`` and its evaluation (``None`` before the evaluate stage)."""
     from sparkdl.evaluation import Evaluation
+    from sparkdl.evaluation.base import check_sizes
 
     run = Path(run_dir)
     metrics_path = run / METRICS_FILE
@@ -167,6 +168,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Evaluatio
         data = _read_json(evaluation_path)
         try:
             if "num_classes" in data or not ({"evaluations", "outputs"} & set(data)):
+                check_sizes(Evaluation, data)
                 evaluation = Evaluation.from_dict(data)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{evaluation_path} is not an evaluation: {exc}") from None
