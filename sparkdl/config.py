@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -25,6 +24,10 @@ from pydantic import (
 )
 
 from sparkdl.errors import ConfigurationError
+
+#: The longest ``cluster.timeout_s`` (about 11.6 days): the waits it bounds double it, and
+#: Python's own waits refuse timeouts above ``threading.TIMEOUT_MAX`` (about 9.2e9 s).
+MAX_TIMEOUT_S = 1e6
 
 
 class _Section(BaseModel):
@@ -57,7 +60,10 @@ class ClusterConfig(_Section):
     )
     app_name: str = "sparkdl"
     transport: Literal["tcp", "spark"] = "tcp"
-    timeout_s: float = Field(default=120.0, gt=0)
+    timeout_s: float = Field(
+        default=120.0, gt=0, le=MAX_TIMEOUT_S,
+        description="the longest any wait between workers and the driver blocks",
+    )
     network_mask: str | None = None
     port_range: str | None = None
     wire_integrity: Literal["none", "mac"] = Field(
@@ -165,7 +171,7 @@ class TrainingConfig(_Section):
     num_workers: int = Field(default=2, ge=1)
     batch_size_per_worker: int = Field(default=32, ge=1)
     epochs: int = Field(default=10, ge=1)
-    seed: int = 42
+    seed: int = Field(default=42, ge=0, lt=2**32, description="NumPy's seed range")
     threshold: ThresholdConfig = Field(default_factory=ThresholdConfig)
     shake_up: ShakeUpConfig = Field(default_factory=ShakeUpConfig)
     residual_clipping: ClippingConfig = Field(default_factory=ClippingConfig)
@@ -259,11 +265,11 @@ class EvaluationConfig(_Section):
     @field_validator("metrics")
     @classmethod
     def _known(cls, value: list[str]) -> list[str]:
-        from sparkdl.evaluation import parse_spec
+        from sparkdl.evaluation import check_spec
 
         for spec in value:
             try:
-                parse_spec(spec)
+                check_spec(spec)
             except ConfigurationError as exc:
                 raise ValueError(str(exc).removeprefix("evaluation.metrics: ")) from None
         if len(set(value)) != len(value):
@@ -359,7 +365,12 @@ def load_config(
     source = str(path) if path is not None else "<config>"
     raw: Any = dict(data or {})
     if path is not None:
-        raw = _load_yaml(_read_config_bytes(source), source) or {}
+        raw = _load_yaml(_read_config_bytes(source), source)
+        if raw is None:
+            raise ConfigurationError(
+                f"the config {source} is empty; write the sections to change, or {{}} for "
+                f"every default"
+            )
         if not isinstance(raw, dict):
             raise ConfigurationError(
                 f"{source}: expected a mapping of sections, got {type(raw).__name__}"
@@ -398,6 +409,22 @@ class _ConfigLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """PyYAML keeps the last of two equal keys; a configuration refuses them."""
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in first:
+                    raise ConfigurationError(
+                        f"line {line}: duplicate key {key!r} (first on line {first[key]})"
+                    )
+                first[key] = line
+            except TypeError:  # an unhashable key: PyYAML's own error names it
+                continue
+        return super().construct_mapping(node, deep)
+
 
 # YAML 1.1 (PyYAML) reads ``1e-3`` and ``1e12`` as strings (its floats need a dot); users write
 # them as numbers, so the loader reads every decimal float spelling YAML 1.2 allows.
@@ -421,7 +448,10 @@ _ConfigLoader.add_implicit_resolver(
 
 def _read_config_bytes(source: str) -> bytes:
     """The bytes of a configuration file: a local path or any filesystem URI."""
-    if "://" in source and not source.startswith("file:"):
+    from sparkdl.storage import local_path
+
+    file = local_path(source)
+    if file is None:
         from sparkdl.errors import DataError
         from sparkdl.storage import read_bytes
 
@@ -429,7 +459,6 @@ def _read_config_bytes(source: str) -> bytes:
             return read_bytes(source, what="configuration file", limit=MAX_BYTES)
         except DataError as exc:
             raise ConfigurationError(str(exc)) from None
-    file = Path(source.removeprefix("file://"))
     if not file.is_file():
         raise ConfigurationError(f"configuration file {source} does not exist")
     try:

@@ -18,7 +18,9 @@ losses by value (cloudpickle), so that a class defined in a notebook loads in a 
 
 from __future__ import annotations
 
+import logging
 import pickle
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
@@ -42,6 +44,7 @@ from pyspark.ml.util import (
 from sparkdl.config import TrainingConfig, describe_validation_error
 from sparkdl.data.metadata import join, resolve
 from sparkdl.errors import ConfigurationError
+from sparkdl.storage import move_dir
 
 if TYPE_CHECKING:
     import keras
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
 
 MODEL_FILE = "model.keras"
 CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
+
+log = logging.getLogger("sparkdl")
 
 
 class _HasLabelKind(Params):
@@ -223,6 +228,40 @@ class _KerasStageWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """Spark ML's save. With ``overwrite()`` the stage is written to a hidden sibling of
+        ``path`` first and then swapped in (renames where the filesystem has them), so a save
+        that fails leaves the old stage whole and no partial directory behind."""
+        if not self.shouldOverwrite:
+            super().save(path)  # refuses an existing path, as Spark ML does
+            return
+        fs, root = resolve(path)
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            self._save_staged(path, fs, root)
+            return
+        staged = _sibling(path, "saving")
+        self._save_staged(staged, fs, resolve(staged)[1])
+        replaced = resolve(_sibling(path, "replaced"))[1]
+        move_dir(fs, root, replaced)
+        try:
+            move_dir(fs, resolve(staged)[1], root)
+        except BaseException:
+            move_dir(fs, replaced, root)
+            raise
+        try:
+            fs.delete_dir(replaced)
+        except OSError as exc:
+            log.warning("could not delete the replaced stage %s: %s", replaced, exc)
+
+    def _save_staged(self, path: str, fs: pafs.FileSystem, root: str) -> None:
+        """``saveImpl(path)``; what a failure wrote at ``path`` is deleted."""
+        try:
+            self.saveImpl(path)
+        except BaseException:
+            if fs.get_file_info(root).type != pafs.FileType.NotFound:
+                fs.delete_dir(root)
+            raise
+
     def saveImpl(self, path: str) -> None:
         from sparkdl.training.serialization import model_to_bytes
 
@@ -239,6 +278,12 @@ class _KerasStageWriter(MLWriter):
                 stream.write(CloudPickleSerializer().dumps(custom_objects))
         with fs.open_output_stream(join(root, MODEL_FILE)) as stream:
             stream.write(model_to_bytes(instance.model))
+
+
+def _sibling(path: str, tag: str) -> str:
+    """A hidden sibling of ``path`` (a local path or URI): ``.<name>.<tag>-<random>``."""
+    head, sep, name = path.rstrip("/").rpartition("/")
+    return f"{head}{sep}.{name}.{tag}-{uuid.uuid4().hex[:12]}"
 
 
 class _KerasStageReader(MLReader):

@@ -147,6 +147,7 @@ def write_history_csv(
 def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Evaluation | None]:
     """The run's ``metrics.json`` and its evaluation (``None`` before the evaluate stage)."""
     from sparkdl.evaluation import Evaluation
+    from sparkdl.evaluation.base import check_sizes
 
     run = Path(run_dir)
     metrics_path = run / METRICS_FILE
@@ -168,6 +169,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Evaluatio
         data = _read_json(evaluation_path)
         try:
             if "num_classes" in data or not ({"evaluations", "outputs"} & set(data)):
+                check_sizes(Evaluation, data)
                 evaluation = Evaluation.from_dict(data)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{evaluation_path} is not an evaluation: {exc}") from None
@@ -491,11 +493,18 @@ def _plot_style() -> Any:
     """matplotlib's default style for the report's figures, restored afterwards.
 
     Figures are made with :class:`matplotlib.figure.Figure` and drawn by the Agg canvas, so
-    neither pyplot nor the user's backend is touched.
+    neither pyplot nor the user's backend is touched. Mathtext is off: class and metric names
+    are the user's text, and ``$...$`` in one is drawn as written, not parsed as TeX.
     """
+    import contextlib
+
+    import matplotlib
     import matplotlib.style
 
-    return matplotlib.style.context("default")
+    stack = contextlib.ExitStack()
+    stack.enter_context(matplotlib.style.context("default"))
+    stack.enter_context(matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}))
+    return stack
 
 
 def _figure(size: tuple[float, float] = (6.4, 3.4)) -> tuple[Figure, Any]:

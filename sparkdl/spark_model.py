@@ -132,15 +132,27 @@ class SparkModel(KerasFit):
             )
         if _is_dataframe(validation_data):
             validation_data = self._shards_of(
-                validation_data, features_col, label_col, label_kind, store, keep_shards
+                validation_data, features_col, label_col, label_kind, store, keep_shards,
+                what="fit(validation_data)",
             )
         return super().fit(data, epochs, validation_data=validation_data, **kwargs)
 
     def _shards_of(
         self, df: DataFrame, features_col: FeaturesCol, label_col: str,
+        label_kind: str | None, store: str | None, keep_shards: bool, *, what: str = "fit()",
+    ) -> str:
+        """Shards of ``df`` in the run store, written if the store has none for it yet; a
+        failure while Spark computes ``df`` is one :class:`DataError` naming ``what``."""
+        from sparkdl.data.spark_errors import dataframe_errors
+
+        with dataframe_errors(what):
+            return self._write_shards_of(df, features_col, label_col, label_kind, store,
+                                         keep_shards)
+
+    def _write_shards_of(
+        self, df: DataFrame, features_col: FeaturesCol, label_col: str,
         label_kind: str | None, store: str | None, keep_shards: bool,
     ) -> str:
-        """Shards of ``df`` in the run store, written if the store has none for it yet."""
         from sparkdl.data.frames import label_spec, model_feature_shape, training_frame
         from sparkdl.data.store import fingerprint, open_store
         from sparkdl.data.writer import write_shards
@@ -241,7 +253,8 @@ class SparkModel(KerasFit):
         from sparkdl.training.serialization import model_to_bytes
 
         if _is_dataframe(data):
-            data = self._shards_of(data, features_col, label_col, None, store, keep_shards)
+            data = self._shards_of(data, features_col, label_col, None, store, keep_shards,
+                                   what="evaluate()")
         elif not isinstance(data, str):
             raise ConfigurationError(
                 "evaluate() takes a Spark DataFrame or the URI of a shard directory (str), "

@@ -278,7 +278,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     if resumed and start.steps_per_epoch not in (0, spec.steps_per_epoch):
         start = _replanned_position(start, spec.steps_per_epoch)
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
-    keras.utils.set_random_seed(master.seed + comm.rank + 7919 * start.global_step)
+    keras.utils.set_random_seed((master.seed + comm.rank + 7919 * start.global_step) % 2**32)
     model = model_from_bytes(
         resumed.model_bytes if resumed else spec.model_bytes, spec.custom_objects
     )

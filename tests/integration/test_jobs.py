@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from _startup import STARTUP_CHATTER
 
 from sparkdl.logs import TF_BANNER
 
@@ -72,6 +73,8 @@ def test_pipeline_job_default_conf(tmp_path):
     assert not arrivals[-1][0], "the result line came before the model was saved"
     banner = [line for line in [*stdout.splitlines(), *stderr_lines] if TF_BANNER.search(line)]
     assert len(banner) <= 2, banner
+    chatter = [line for line in stderr_lines if STARTUP_CHATTER.search(line)]
+    assert chatter == [], chatter  # the JVM's start-up lines (log4j notice, hostname, ...)
     result = json.loads(arrivals[-1][1])  # one JSON object, the last line
     assert result["model"] == str(out / "model.keras")
     assert json.loads((tmp_path / "result.json").read_text()) == result  # --json-out
