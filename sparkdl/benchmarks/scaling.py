@@ -16,21 +16,24 @@ and prints the load average beside it: the quick check of the exchanges' CPU ove
 
 Performance model (all parameters measured in the same run, none fitted to the cells)::
 
-    step = C_m(w) + (N-1)·D·s + wire + hops·L                       (synchronous)
-    step = max(C_m(w) + (N-1)·D·s, wire + hops·L)                   (overlap)
-    C_m(w) = C(w) · T_m / T_0
+    step = C_m(w) + (N-1)·D·s + wire + hops·H                       (synchronous)
+    step = max(C_m(w) + (N-1)·D·s, wire + hops·H)                   (overlap)
+    C_m(w) = C(w) + (T_m - T_0) · s
     wire = k · B / R
+    H = F(w) + L_rate - L_unlimited
 
 * ``C(w)``: compute-only step time with ``w`` workers per host, measured on the cluster by a
   fit of the same model with communication off (parameter averaging that never averages
   inside the measured epochs): forward, backward, optimizer, input pipeline, loop overhead,
   and the CPU sharing of the workers on the machine's cores.
-* ``T_m / T_0``: how much CPU work mode ``m``'s exchange does per step next to the plain
-  train step, measured in this process with a one-rank communicator (no communication, one
-  TensorFlow thread, alternated): for sharing the update computed apart from the optimizer's
-  fused step, threshold selection, encoding one message, decoding it and applying the sum;
-  for dense the gradient and a separate apply. ``C_m(w)`` is then the mode's CPU work at
-  ``w`` workers per host.
+* ``T_m - T_0``: the CPU work mode ``m``'s exchange adds per step to the plain train step,
+  measured in this process with a one-rank communicator (no communication, one TensorFlow
+  thread, alternated), once before and once after each workers-per-host block of cells, so
+  it is taken at the load those cells ran at: for sharing forming the update, threshold
+  selection, encoding one message, decoding it and applying the sum; for dense the gradient
+  and a separate apply. It is added to ``C(w)`` (a fixed amount of work per step, stretched
+  by ``s`` where workers share cores), not scaled by ``C(w) / T_0``: the loop and input
+  costs in ``C(w)`` do not grow with the exchange.
 * ``D``: threshold decode of one message of this model's size at the target sparsity, from
   the encoding benchmark's code (:mod:`sparkdl.benchmarks.encoding`; it also reports the
   encode time ``E``, part of ``T_m``); every worker decodes the ``N-1`` other messages too;
@@ -44,9 +47,13 @@ Performance model (all parameters measured in the same run, none fitted to the c
 * ``R``: the link's goodput, measured in the run by a TCP transfer between two hosts
   (``NetCluster.transfer_seconds``) at each rate: it includes TCP/IP framing and, for the
   unlimited link, the kernel's copy cost.
-* ``hops · L``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
-  allgather, ``2(N-1)/f`` for averaging) times the one-way latency between hosts (half the
-  median round trip of a ping-pong).
+* ``hops · H``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
+  allgather, ``2(N-1)/f`` for averaging) times the fixed cost of one hop: ``F(w)``, the ring's
+  own per-hop cost measured on the cluster by the barrier-stage probe (50 allgathers of 64
+  bytes on the ring a fit builds, at the unlimited rate: the slowest rank's median over
+  ``N-1`` hops; it holds the Python, poll and framing cost of a collective), plus what a
+  rate-limited link adds to the one-way latency (half the median round trip of a ping-pong
+  at the rate, less the unlimited link's).
 
 The machine's cores are shared: with 2 hosts × 2 workers on 2 cores every worker gets half a
 core, which ``C(w)`` (measured at ``w``) and ``s`` account for. TensorFlow runs one thread per
@@ -82,6 +89,7 @@ BATCH = 32
 ROWS = 1280  # 20 steps per epoch with 2 workers, 10 with 4 (a multiple of the averaging f)
 AVERAGING_FREQUENCY = 5
 SPARSITY = 1e-3
+SMALL_COLLECTIVES = 50  # 64-byte allgathers the ring probe times
 
 
 @dataclass
@@ -151,6 +159,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         overlap = overlap_supported()
         modes = MODES if overlap else tuple(m for m in MODES if m != "sharing_overlap")
         cpu, cpu_ratios = measure_exchange_cpu(("compute", *modes))
+        cpu_by_wph: dict[int, dict[str, float]] = {}
         cells: dict[str, Cell] = {}
         compute: dict[int, list[float]] = {}
         uri = None
@@ -159,8 +168,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         for wph in per_host:
             with _session(cluster, wph) as spark:
                 uri = uri or _write_data(spark, workdir)
-                probes[wph] = shm_links(spark, wph * HOSTS)
                 cluster.set_rate(None)
+                probes[wph] = shm_links(spark, wph * HOSTS)
+                # each mode's CPU work, measured around this block's cells (the same load)
+                before, _ = measure_exchange_cpu(("compute", *modes))
                 compute[wph] = _fit(spark, cluster, uri, "compute", wph, [None] * 3)["step_s"]
                 print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
                       f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms", file=sys.stderr,
@@ -179,6 +190,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                                                 Cell(rate, wph, mode))
                         _record(cell, measured, epoch)
                     _progress(cells, mode, wph, rates, started)
+                after, _ = measure_exchange_cpu(("compute", *modes))
+                cpu_by_wph[wph] = {m: (before[m] + after[m]) / 2 for m in before}
             cluster.set_rate(None)
     finally:
         if owned:
@@ -187,13 +200,22 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 cluster.set_rate(original_rate)  # as it was before the benchmark
     compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
+    hop_s = {wph: fixed_hop_seconds(p) for wph, p in probes.items()}
+    unlimited = links[_rate_name(None)]["latency_s"] if None in rates else 0.0
     for cell in cells.values():
         if not cell.missing:
-            predict(cell, compute_s[cell.workers_per_host] * cpu[cell.mode] / cpu["compute"],
-                    codec, links[_rate_name(cell.rate)])
+            wph = cell.workers_per_host
+            cost = cpu_by_wph[wph]
+            share = max(1.0, wph * HOSTS / (os.cpu_count() or 1))
+            mode_compute = compute_s[wph] + (cost[cell.mode] - cost["compute"]) * share
+            link = links[_rate_name(cell.rate)]
+            predict(cell, mode_compute, codec, link,
+                    hop_s=hop_s[wph] + max(0.0, link["latency_s"] - unlimited))
     figures = _figures(cells, compute_s, codec, links, repeats, schedule)
     figures["exchange_cpu_s"] = cpu
     figures["exchange_cpu_ratio"] = cpu_ratios
+    figures["exchange_cpu_s_by_block"] = {f"{w}x{HOSTS}": c for w, c in cpu_by_wph.items()}
+    figures["fixed_hop_s"] = {f"{w}x{HOSTS}": h for w, h in hop_s.items()}
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
                    ring_links={f"{w}x{HOSTS}": p for w, p in probes.items()},
@@ -523,12 +545,25 @@ def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
         try:
             comm.allreduce(np.ones(1 << 18, np.float32))
             shm_in, shm_out = getattr(comm, "shared_memory", (False, False))
+            small = []
+            for _ in range(SMALL_COLLECTIVES):  # the ring's fixed cost per collective
+                started = time.perf_counter()
+                comm.allgather(b"x" * 64)
+                small.append(time.perf_counter() - started)
         finally:
             comm.close()
-        yield {"rank": rank, "host": host, "shm_in": shm_in, "shm_out": shm_out}
+        yield {"rank": rank, "host": host, "shm_in": shm_in, "shm_out": shm_out,
+               "small_allgather_s": statistics.median(small)}
 
     rdd = spark.sparkContext.parallelize(range(num_workers), num_workers)
     return sorted(rdd.barrier().mapPartitions(probe).collect(), key=lambda r: r["rank"])
+
+
+def fixed_hop_seconds(links: list[dict[str, Any]]) -> float:
+    """The ring's fixed cost of one hop, from the probe's 64-byte allgathers: the slowest
+    rank's median (a collective ends when its last rank does) over the ``N - 1`` hops."""
+    hops = max(1, len(links) - 1)
+    return max((link.get("small_allgather_s", 0.0) for link in links), default=0.0) / hops
 
 
 def shm_between_hosts(links: list[dict[str, Any]]) -> bool:
@@ -566,18 +601,19 @@ def hops_per_step(mode: str, num_workers: int) -> float:
 
 
 def predict(cell: Cell, compute_s: float, codec: dict[str, float],
-            link: dict[str, float]) -> None:
+            link: dict[str, float], hop_s: float | None = None) -> None:
     """Fill ``cell.predicted_s`` and the model's terms (see the module docstring).
 
     ``compute_s`` is ``C_m(w)``: the cell's mode's CPU work per step (one rank's encode and
-    decode included) at ``w`` workers per host."""
+    decode included) at ``w`` workers per host. ``hop_s``: the fixed cost of one sequential
+    hop of a collective (default: the link's one-way latency)."""
     workers = cell.workers_per_host * HOSTS
     share = max(1.0, workers / (os.cpu_count() or 1))
     sharing = cell.mode.startswith("sharing")
     decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
     bytes_per_step = statistics.median(cell.bytes_per_step)
     wire = ring_crossings(cell.hosts_of_ranks) * bytes_per_step / link["bytes_per_s"]
-    latency = hops_per_step(cell.mode, workers) * link["latency_s"]
+    latency = hops_per_step(cell.mode, workers) * (link["latency_s"] if hop_s is None else hop_s)
     if cell.mode == "sharing_overlap":
         predicted = max(compute_s + decode, wire + latency)
     else:
@@ -610,6 +646,8 @@ def _figures(cells: dict[str, Cell], compute_s: dict[int, float], codec: dict[st
                                                        measured("sharing", "100mbit")),
         "overlap_vs_compute_only_100mbit": ratio(compute_s.get(1),
                                                  measured("sharing_overlap", "100mbit")),
+        "sharing_vs_compute_only_100mbit": ratio(compute_s.get(1),
+                                                 measured("sharing", "100mbit")),
         "model_error_max": max(errors) if errors else None,
         "model_error_median": statistics.median(errors) if errors else None,
         "sharing_compression": (dense_bytes / statistics.median(sharing_bytes)
@@ -669,6 +707,6 @@ def _print_cells(cells: dict[str, Cell], figures: dict[str, Any]) -> None:
                      f"+L{t['latency_s'] * 1e3:.1f}"))
     print_table(f"step time per cell (ms, medians of {figures['repeats']}), model terms in ms",
                 ["cell", "measured", "predicted", "error", "bytes/step", "model"], rows)
-    for key in ("sharing_vs_dense_step_speedup_100mbit", "overlap_vs_compute_only_100mbit",
-                "model_error_max", "sharing_compression"):
+    for key in ("sharing_vs_dense_step_speedup_100mbit", "sharing_vs_compute_only_100mbit",
+                "overlap_vs_compute_only_100mbit", "model_error_max", "sharing_compression"):
         print(f"{key}: {figures[key]}")
