@@ -1,7 +1,7 @@
 """An elastic fit's resume with fewer workers, on local Spark: a checkpoint written by 2 ranks
 is resumed by 1 (as a relaunch after losing a host does), with rank 1's residual folded into
 rank 0's, the shard slices re-planned and the position mapped onto the new plan. The relaunch
-itself, on a cluster that really loses a host, is tests/cluster/test_elastic.py."""
+itself, on a cluster that really loses a host, is tests/cluster/test_elastic_harness.py."""
 
 from __future__ import annotations
 
