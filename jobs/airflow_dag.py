@@ -1,8 +1,10 @@
 """Airflow DAG ``sparkdl_pipeline``: etl → train → evaluate → predict, one spark-submit each.
 
-Every run works in ``<output_root>/<ds>`` (the run's logical date): shards in ``data/``, the
-model, ``metrics.json``, ``evaluation.json`` and ``predictions/`` beside them, and each stage's
-result JSON in ``<stage>.json``, which is also the task's return value (XCom ``return_value``).
+Every run works in ``<output_root>/<ds>/<run_id>`` (its logical date, then its run id made
+safe for a path, see ``airflow_run_dir.py``: two runs of one date never share a directory, a
+task's retries do): shards in ``data/``, the model, ``metrics.json``, ``evaluation.json`` and
+``predictions/`` beside them, and each stage's result JSON in ``<stage>.json``, which is also
+the task's return value (XCom ``return_value``).
 
 Params (override with the run's conf, e.g. ``airflow dags trigger sparkdl_pipeline -c '{...}'``):
 
@@ -22,6 +24,7 @@ so DAG parsing stays quick.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -31,19 +34,27 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param
 
+
+def _sibling_module(name: str) -> Any:
+    """A module beside this file, whether Airflow's DAG folder is on ``sys.path`` or not."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run_dir = _sibling_module("airflow_run_dir").run_dir
+
 STAGES = ("etl", "train", "evaluate", "predict")
 JOBS_DIR = Path(os.environ.get("SPARKDL_JOBS_DIR") or Path(__file__).resolve().parent)
 DEFAULT_CONF = os.environ.get("SPARKDL_CONF") or str(JOBS_DIR.parent / "conf" / "digits.yaml")
 DEFAULT_OUTPUT_ROOT = os.environ.get("SPARKDL_OUTPUT_ROOT") or "runs/airflow"
-RUN_DIR = "{{ params.output_root }}/{{ ds }}"
 
 
 class SparkDLStageOperator(SparkSubmitOperator):
     """spark-submit of ``jobs/<stage>.py`` in the run's directory; returns the stage's JSON."""
 
-    template_fields = (*SparkSubmitOperator.template_fields, "run_dir")
-
-    def __init__(self, *, stage: str, run_dir: str = RUN_DIR, **kwargs: Any) -> None:
+    def __init__(self, *, stage: str, **kwargs: Any) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         python = os.environ.get("SPARKDL_PYTHON")
@@ -53,15 +64,15 @@ class SparkDLStageOperator(SparkSubmitOperator):
             conf=conf, **kwargs,
         )
         self.stage = stage
-        self.run_dir = run_dir
 
     def execute(self, context: Any) -> dict[str, Any]:
-        run_dir = Path(self.run_dir).absolute()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        result_path = run_dir / f"{self.stage}.json"
+        run = Path(run_dir(str(context["params"]["output_root"]), context["ds"],
+                           context["run_id"])).absolute()
+        run.mkdir(parents=True, exist_ok=True)
+        result_path = run / f"{self.stage}.json"
         result_path.unlink(missing_ok=True)  # a failed submit never returns an older result
         args = ["--conf", str(context["params"]["conf"]),
-                "--set", f"data.dir={run_dir / 'data'}", "--set", f"output.dir={run_dir}"]
+                "--set", f"data.dir={run / 'data'}", "--set", f"output.dir={run}"]
         for override in context["params"].get("sets") or []:
             args += ["--set", str(override)]
         self.application_args = [*args, "--json-out", str(result_path)]
@@ -82,7 +93,7 @@ with DAG(
     params={
         "conf": Param(DEFAULT_CONF, type="string", description="job YAML configuration"),
         "output_root": Param(DEFAULT_OUTPUT_ROOT, type="string",
-                             description="run directories go to <output_root>/<ds>"),
+                             description="run directories go to <output_root>/<ds>/<run_id>"),
         "sets": Param([], type="array", description="extra key=value overrides"),
     },
     tags=["sparkdl"],

@@ -2,6 +2,10 @@
 
 Suites: encoding, collectives, training, reader. Each prints a table of figures measured
 against a reference in the same run (alternating) and writes them as JSON.
+
+python jobs/benchmark.py timeline [--out DIR] records a timeline of the scaling model and
+draws one step; python jobs/benchmark.py timeline-png TRACE... OUT.png draws a step of
+existing traces (see sparkdl/benchmarks/timeline.py).
 """
 
 import sys

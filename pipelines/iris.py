@@ -1,4 +1,4 @@
-"""The Iris pipeline (the seeds' Iris example): CSV records → transform process → shards.
+"""The Iris pipeline (DL4J's Iris example): CSV records → transform process → shards.
 
 With no ``path``, the CSV is scikit-learn's bundled iris, as CSV text lines parsed by the same
 Spark CSV reader. The default transform process drops incomplete rows, maps the species

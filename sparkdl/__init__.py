@@ -24,6 +24,7 @@ _LAZY = {
     "SharedTrainingMaster": "sparkdl.training.masters",
     "ParameterAveragingTrainingMaster": "sparkdl.training.masters",
     "DenseTrainingMaster": "sparkdl.training.masters",
+    "ElasticPolicy": "sparkdl.training.elastic",
     "Evaluation": "sparkdl.evaluation",
     "RegressionEvaluation": "sparkdl.evaluation",
     "ROC": "sparkdl.evaluation",

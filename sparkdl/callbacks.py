@@ -12,7 +12,6 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import keras
 import numpy as np
@@ -144,13 +143,11 @@ def _numbers(logs: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _local_path(uri: str) -> str | None:
-    """The local directory of a path or ``file://`` URI; ``None`` for remote URIs."""
-    if "://" not in uri:
-        return os.path.abspath(os.path.expanduser(uri))
-    parsed = urlparse(uri)
-    if parsed.scheme.lower() == "file":
-        return unquote(parsed.path)
-    return None
+    """The local directory of a path or ``file:`` URI; ``None`` for remote URIs."""
+    from sparkdl.storage import local_path
+
+    local = local_path(uri)
+    return None if local is None else str(local)
 
 
 def _copy_tree(local_dir: str, uri: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -25,6 +24,10 @@ from pydantic import (
 )
 
 from sparkdl.errors import ConfigurationError
+
+#: The longest ``cluster.timeout_s`` (about 11.6 days): the waits it bounds double it, and
+#: Python's own waits refuse timeouts above ``threading.TIMEOUT_MAX`` (about 9.2e9 s).
+MAX_TIMEOUT_S = 1e6
 
 
 class _Section(BaseModel):
@@ -48,7 +51,7 @@ class S3Config(_Section):
 
 
 class ClusterConfig(_Section):
-    """Where and how workers run and talk (the seeds' VoidConfiguration)."""
+    """Where and how workers run and talk (DL4J's VoidConfiguration)."""
 
     master: str | None = Field(
         default="local[2]",
@@ -57,7 +60,10 @@ class ClusterConfig(_Section):
     )
     app_name: str = "sparkdl"
     transport: Literal["tcp", "spark"] = "tcp"
-    timeout_s: float = Field(default=120.0, gt=0)
+    timeout_s: float = Field(
+        default=120.0, gt=0, le=MAX_TIMEOUT_S,
+        description="the longest any wait between workers and the driver blocks",
+    )
     network_mask: str | None = None
     port_range: str | None = None
     wire_integrity: Literal["none", "mac"] = Field(
@@ -152,6 +158,18 @@ class ClippingConfig(_Section):
     frequency: int = Field(default=5, ge=0)
 
 
+class ElasticConfig(_Section):
+    """``training.elastic``: relaunch a failed training stage with the task slots left."""
+
+    min_workers: int = Field(
+        default=1, ge=1,
+        description="the fewest workers a relaunch may use; fewer slots left fail the fit",
+    )
+    max_failures: int = Field(
+        default=3, ge=0, description="failed training stages the fit survives",
+    )
+
+
 class TrainingConfig(_Section):
     """The training master and its schedule."""
 
@@ -165,7 +183,7 @@ class TrainingConfig(_Section):
     num_workers: int = Field(default=2, ge=1)
     batch_size_per_worker: int = Field(default=32, ge=1)
     epochs: int = Field(default=10, ge=1)
-    seed: int = 42
+    seed: int = Field(default=42, ge=0, lt=2**32, description="NumPy's seed range")
     threshold: ThresholdConfig = Field(default_factory=ThresholdConfig)
     shake_up: ShakeUpConfig = Field(default_factory=ShakeUpConfig)
     residual_clipping: ClippingConfig = Field(default_factory=ClippingConfig)
@@ -187,6 +205,11 @@ class TrainingConfig(_Section):
     )
     checkpoint_every: int = Field(default=1, ge=1)
     checkpoint_unit: Literal["epochs", "steps"] = "epochs"
+    elastic: ElasticConfig | None = Field(
+        default=None,
+        description="when a host is lost for good, continue with the workers left "
+        "(resuming from the latest checkpoint; needs checkpoint_dir)",
+    )
     validation: str = Field(
         default="test",
         description="'test' (the ETL's test shards), 'none', or the URI of shards to validate "
@@ -199,6 +222,11 @@ class TrainingConfig(_Section):
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
+    timeline: str | None = Field(
+        default=None, min_length=1,
+        description="a directory URI: every worker writes a Chrome trace (chrome://tracing, "
+        "ui.perfetto.dev) of its steps there, rank-<N>.json",
+    )
 
     @model_validator(mode="after")
     def _overlap_mode(self) -> TrainingConfig:
@@ -206,6 +234,18 @@ class TrainingConfig(_Section):
             raise ValueError(
                 "overlap: true applies to mode 'sharing' or 'dense', not 'averaging'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _elastic_fits(self) -> TrainingConfig:
+        if self.elastic is not None:
+            if self.elastic.min_workers > self.num_workers:
+                raise ValueError(
+                    f"elastic.min_workers={self.elastic.min_workers} is more than "
+                    f"num_workers={self.num_workers}"
+                )
+            if not self.checkpoint_dir:
+                raise ValueError("elastic needs checkpoint_dir: a relaunch resumes from it")
         return self
 
     @field_validator("verbose", mode="before")
@@ -217,7 +257,7 @@ class TrainingConfig(_Section):
 
     prefetch: int = Field(
         default=4, ge=1,
-        description="row groups each worker decodes ahead (the seeds' workerPrefetchNumBatches)",
+        description="row groups each worker decodes ahead (DL4J's workerPrefetchNumBatches)",
     )
     decode_threads: int = Field(default=2, ge=1)
 
@@ -237,11 +277,11 @@ class EvaluationConfig(_Section):
     @field_validator("metrics")
     @classmethod
     def _known(cls, value: list[str]) -> list[str]:
-        from sparkdl.evaluation import parse_spec
+        from sparkdl.evaluation import check_spec
 
         for spec in value:
             try:
-                parse_spec(spec)
+                check_spec(spec)
             except ConfigurationError as exc:
                 raise ValueError(str(exc).removeprefix("evaluation.metrics: ")) from None
         if len(set(value)) != len(value):
@@ -337,7 +377,12 @@ def load_config(
     source = str(path) if path is not None else "<config>"
     raw: Any = dict(data or {})
     if path is not None:
-        raw = _load_yaml(_read_config_bytes(source), source) or {}
+        raw = _load_yaml(_read_config_bytes(source), source)
+        if raw is None:
+            raise ConfigurationError(
+                f"the config {source} is empty; write the sections to change, or {{}} for "
+                f"every default"
+            )
         if not isinstance(raw, dict):
             raise ConfigurationError(
                 f"{source}: expected a mapping of sections, got {type(raw).__name__}"
@@ -376,6 +421,22 @@ class _ConfigLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """PyYAML keeps the last of two equal keys; a configuration refuses them."""
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in first:
+                    raise ConfigurationError(
+                        f"line {line}: duplicate key {key!r} (first on line {first[key]})"
+                    )
+                first[key] = line
+            except TypeError:  # an unhashable key: PyYAML's own error names it
+                continue
+        return super().construct_mapping(node, deep)
+
 
 # YAML 1.1 (PyYAML) reads ``1e-3`` and ``1e12`` as strings (its floats need a dot); users write
 # them as numbers, so the loader reads every decimal float spelling YAML 1.2 allows.
@@ -399,7 +460,10 @@ _ConfigLoader.add_implicit_resolver(
 
 def _read_config_bytes(source: str) -> bytes:
     """The bytes of a configuration file: a local path or any filesystem URI."""
-    if "://" in source and not source.startswith("file:"):
+    from sparkdl.storage import local_path
+
+    file = local_path(source)
+    if file is None:
         from sparkdl.errors import DataError
         from sparkdl.storage import read_bytes
 
@@ -407,7 +471,6 @@ def _read_config_bytes(source: str) -> bytes:
             return read_bytes(source, what="configuration file", limit=MAX_BYTES)
         except DataError as exc:
             raise ConfigurationError(str(exc)) from None
-    file = Path(source.removeprefix("file://"))
     if not file.is_file():
         raise ConfigurationError(f"configuration file {source} does not exist")
     try:

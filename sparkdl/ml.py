@@ -11,13 +11,19 @@ through ``save`` / ``load``.
 
 A saved stage is a directory: Spark ML's ``metadata/`` (class and Params, JSON) plus
 ``model.keras`` (the Keras model: the untrained one for an estimator, the trained one for a
-model).
+model) and, when ``customObjects`` is set, ``custom_objects.pkl``: the custom layers and
+losses by value (cloudpickle), so that a class defined in a notebook loads in a new process.
+``load`` unpickles it: load only stages you trust.
 """
 
 from __future__ import annotations
 
+import logging
+import pickle
+import uuid
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.fs as pafs
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
@@ -38,6 +44,7 @@ from pyspark.ml.util import (
 from sparkdl.config import TrainingConfig, describe_validation_error
 from sparkdl.data.metadata import join, resolve
 from sparkdl.errors import ConfigurationError
+from sparkdl.storage import move_dir
 
 if TYPE_CHECKING:
     import keras
@@ -46,6 +53,9 @@ if TYPE_CHECKING:
     from sparkdl.training.driver import FitResult
 
 MODEL_FILE = "model.keras"
+CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
+
+log = logging.getLogger("sparkdl")
 
 
 class _HasLabelKind(Params):
@@ -63,6 +73,14 @@ class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, _HasLabe
     """Params both stages share; ``model`` is the Keras model they hold (not a Param)."""
 
     model: keras.Model
+    customObjects = Param(
+        Params._dummy(), "customObjects",
+        "custom Keras objects by name (layers, losses, ...), as keras.models.load_model takes "
+        "them; shipped to the workers and saved by value (cloudpickle)",
+    )
+
+    def getCustomObjects(self) -> dict[str, Any]:
+        return dict(self.getOrDefault(self.customObjects) or {})
 
     def _check_model(self, model: Any) -> None:
         if model is None or not hasattr(model, "predict_on_batch"):
@@ -89,7 +107,8 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
     override its values when set; its default ``mode`` is ``auto``: dense for a model of at
     most 65,536 trainable parameters, gradient sharing above), ``labelKind``, ``store`` (the
     run store URI; default ``trainingConfig["store"]``, else a temporary directory),
-    ``keepShards``, ``verbose``.
+    ``keepShards``, ``verbose``, ``customObjects`` (the model's custom layers, losses, ... by
+    name; the fitted :class:`KerasModel` keeps them).
     The model passed in is never changed: each ``fit`` trains a copy.
     """
 
@@ -113,7 +132,7 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          probabilityCol="probability", labelKind="auto", epochs=10,
                          batchSize=32, trainingConfig={}, store="", keepShards=False,
-                         verbose=0)
+                         verbose=0, customObjects={})
         self._set(**params)
 
     def training_config(self) -> TrainingConfig:
@@ -139,9 +158,12 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
 
         training = self.training_config()
         label_kind = self.getLabelKind()
-        model = model_from_bytes(model_to_bytes(self.model))  # a copy: fit twice, same start
+        custom_objects = self.getCustomObjects() or None
+        # a copy: fit twice, same start
+        model = model_from_bytes(model_to_bytes(self.model), custom_objects)
         spark_model = SparkModel(dataset.sparkSession, model,
-                                 master_from_training_config(training, model))
+                                 master_from_training_config(training, model),
+                                 custom_objects=custom_objects)
         history = spark_model.fit(
             dataset, epochs=training.epochs, features_col=self.getFeaturesCol(),
             label_col=self.getLabelCol(),
@@ -155,6 +177,7 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
             spark_model.model, featuresCol=self.getFeaturesCol(),
             predictionCol=self.getPredictionCol(), probabilityCol=self.getProbabilityCol(),
             labelKind=spec.kind if spec else "auto", classes=list(spec.classes) if spec else [],
+            customObjects=self.getCustomObjects(),
         )
         fitted.history = history
         return fitted
@@ -178,7 +201,8 @@ class KerasModel(_KerasParams, Model, MLWritable, MLReadable):
         self.model = model
         self.history: FitResult | None = None
         self._setDefault(featuresCol="features", predictionCol="prediction",
-                         probabilityCol="probability", labelKind="auto", classes=[])
+                         probabilityCol="probability", labelKind="auto", classes=[],
+                         customObjects={})
         self._set(**params)
 
     def getClasses(self) -> list[str]:
@@ -189,7 +213,8 @@ class KerasModel(_KerasParams, Model, MLWritable, MLReadable):
         from sparkdl.training.masters import DenseTrainingMaster
 
         label_kind = self.getLabelKind()
-        spark_model = SparkModel(dataset.sparkSession, self.model, DenseTrainingMaster())
+        spark_model = SparkModel(dataset.sparkSession, self.model, DenseTrainingMaster(),
+                                 custom_objects=self.getCustomObjects() or None)
         return spark_model.predict(
             dataset, features_col=self.getFeaturesCol(),
             label_kind=None if label_kind == "auto" else label_kind,
@@ -204,14 +229,62 @@ class _KerasStageWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """Spark ML's save. With ``overwrite()`` the stage is written to a hidden sibling of
+        ``path`` first and then swapped in (renames where the filesystem has them), so a save
+        that fails leaves the old stage whole and no partial directory behind."""
+        if not self.shouldOverwrite:
+            super().save(path)  # refuses an existing path, as Spark ML does
+            return
+        fs, root = resolve(path)
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            self._save_staged(path, fs, root)
+            return
+        staged = _sibling(path, "saving")
+        self._save_staged(staged, fs, resolve(staged)[1])
+        replaced = resolve(_sibling(path, "replaced"))[1]
+        move_dir(fs, root, replaced)
+        try:
+            move_dir(fs, resolve(staged)[1], root)
+        except BaseException:
+            move_dir(fs, replaced, root)
+            raise
+        try:
+            fs.delete_dir(replaced)
+        except OSError as exc:
+            log.warning("could not delete the replaced stage %s: %s", replaced, exc)
+
+    def _save_staged(self, path: str, fs: pafs.FileSystem, root: str) -> None:
+        """``saveImpl(path)``; what a failure wrote at ``path`` is deleted."""
+        try:
+            self.saveImpl(path)
+        except BaseException:
+            if fs.get_file_info(root).type != pafs.FileType.NotFound:
+                fs.delete_dir(root)
+            raise
+
     def saveImpl(self, path: str) -> None:
         from sparkdl.training.serialization import model_to_bytes
 
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        instance = self.instance
+        params = {p.name: v for p, v in instance._paramMap.items() if p.name != "customObjects"}
+        DefaultParamsWriter.saveMetadata(instance, path, self.sparkSession, paramMap=params)
         fs, root = resolve(path)
         fs.create_dir(root, recursive=True)
+        custom_objects = instance.getCustomObjects()
+        if custom_objects:  # classes and functions: by value, as the workers get them
+            from pyspark.serializers import CloudPickleSerializer
+
+            with fs.open_output_stream(join(root, CUSTOM_OBJECTS_FILE)) as stream:
+                stream.write(CloudPickleSerializer().dumps(custom_objects))
         with fs.open_output_stream(join(root, MODEL_FILE)) as stream:
-            stream.write(model_to_bytes(self.instance.model))
+            stream.write(model_to_bytes(instance.model))
+
+
+def _sibling(path: str, tag: str) -> str:
+    """A hidden sibling of ``path`` (a local path or URI): ``.<name>.<tag>-<random>``."""
+    head, sep, name = path.rstrip("/").rpartition("/")
+    return f"{head}{sep}.{name}.{tag}-{uuid.uuid4().hex[:12]}"
 
 
 class _KerasStageReader(MLReader):
@@ -224,10 +297,16 @@ class _KerasStageReader(MLReader):
 
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         fs, root = resolve(path)
+        custom_objects: dict[str, Any] = {}
+        objects_path = join(root, CUSTOM_OBJECTS_FILE)
+        if fs.get_file_info(objects_path).type == pafs.FileType.File:
+            with fs.open_input_stream(objects_path) as stream:
+                custom_objects = pickle.loads(stream.read())  # a pickle: trusted stages only
         with fs.open_input_stream(join(root, MODEL_FILE)) as stream:
-            model = model_from_bytes(stream.read(), None)
+            model = model_from_bytes(stream.read(), custom_objects or None)
         instance = self.cls(model)
-        DefaultParamsReader.getAndSetParams(instance, metadata)
+        DefaultParamsReader.getAndSetParams(instance, metadata, skipParams=["customObjects"])
+        instance._set(customObjects=custom_objects)
         instance._resetUid(metadata["uid"])
         return instance
 

@@ -56,7 +56,7 @@ def multi_mlp(
 
 
 def lenet(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 10) -> keras.Model:
-    """The seeds' LeNet: conv 5×5×20, maxpool, conv 5×5×50, maxpool, dense 500, softmax."""
+    """DL4J's LeNet: conv 5×5×20, maxpool, conv 5×5×50, maxpool, dense 500, softmax."""
     return keras.Sequential(
         [
             keras.Input(shape=tuple(input_shape)),
@@ -73,6 +73,26 @@ def lenet(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 10) -> ke
 
 
 BUILTIN: dict[str, Callable[..., keras.Model]] = {"mlp": mlp, "lenet": lenet}
+
+
+def check_mlp_params(params: dict[str, Any]) -> None:
+    """The built-in MLP's ``hidden`` and ``dropout`` in ``model.params`` (Keras would take
+    ``hidden: [1.5]`` as 1 unit and fail on ``[0]`` only when the model is built)."""
+    hidden = params.get("hidden", [])
+    if not isinstance(hidden, list | tuple) or not all(
+        isinstance(units, int) and not isinstance(units, bool) and units >= 1
+        for units in hidden
+    ):
+        raise ConfigurationError(
+            f"model.params.hidden: expected a list of positive integers (units per hidden "
+            f"layer), got {hidden!r}"
+        )
+    dropout = params.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) \
+            or not 0 <= dropout < 1:
+        raise ConfigurationError(
+            f"model.params.dropout: expected a number in [0, 1), got {dropout!r}"
+        )
 
 
 def resolve_builder(name: str) -> Callable[..., keras.Model]:
@@ -108,6 +128,8 @@ def build_model(config: ModelConfig, input_shape: Sequence[int], num_classes: in
             f"SparkModel"
         )
     builder = multi_mlp if inputs else resolve_builder(config.name)
+    if builder is mlp or builder is multi_mlp:
+        check_mlp_params(config.params)
     shapes = {"inputs": inputs, "outputs": outputs} if inputs else {
         "input_shape": input_shape, "num_classes": num_classes}
     try:

@@ -14,7 +14,6 @@ import ipaddress
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from sparkdl.config import JobConfig
 from sparkdl.errors import ConfigurationError
@@ -53,7 +52,8 @@ def preflight(config: JobConfig, stage: str) -> None:
         check_model(config)
         training = config.training
         for key, value in (("training.checkpoint_dir", training.checkpoint_dir),
-                           ("training.tensorboard_dir", training.tensorboard_dir)):
+                           ("training.tensorboard_dir", training.tensorboard_dir),
+                           ("training.timeline", training.timeline)):
             if value:
                 _check_writable(key, value)
     if stage in ("train", "evaluate", "predict", "pipeline"):
@@ -137,10 +137,12 @@ def check_model(config: JobConfig) -> None:
     """The model builder, its parameters, the optimizer and the loss resolve (imports Keras)."""
     import keras
 
-    from sparkdl.models import resolve_builder
+    from sparkdl.models import check_mlp_params, mlp, resolve_builder
 
     model = config.model
     builder = resolve_builder(model.name)
+    if builder is mlp:
+        check_mlp_params(model.params)
     try:
         sig = inspect.signature(builder)
     except (TypeError, ValueError):
@@ -176,12 +178,10 @@ def _defaults(run: Any) -> dict[str, Any]:
 
 
 def _local(location: str) -> Path | None:
-    """The local path of a path or ``file://`` URI; None for another filesystem."""
-    if location.startswith("file:"):
-        return Path(unquote(urlparse(location).path))
-    if "://" in location:
-        return None
-    return Path(location).expanduser()
+    """The local path of a path or ``file:`` URI; None for another filesystem."""
+    from sparkdl.storage import local_path
+
+    return local_path(location)
 
 
 def _check_writable(key: str, location: str) -> None:

@@ -46,6 +46,7 @@ FIGURES = (
     "loss_after_averaging",
     *PHASES,
     "epoch_s",
+    "workers",
 )
 
 # Headline rows of the report's table: (key in metrics.json, label).
@@ -146,6 +147,7 @@ def write_history_csv(
 def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Evaluation | None]:
     """The run's ``metrics.json`` and its evaluation (``None`` before the evaluate stage)."""
     from sparkdl.evaluation import Evaluation
+    from sparkdl.evaluation.base import check_sizes
 
     run = Path(run_dir)
     metrics_path = run / METRICS_FILE
@@ -167,6 +169,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Evaluatio
         data = _read_json(evaluation_path)
         try:
             if "num_classes" in data or not ({"evaluations", "outputs"} & set(data)):
+                check_sizes(Evaluation, data)
                 evaluation = Evaluation.from_dict(data)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{evaluation_path} is not an evaluation: {exc}") from None
@@ -193,7 +196,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
         figures = _evaluation_figures(Path(run_dir) / EVALUATION_FILE)
         if figures:
             sections.append(_section("Evaluations (test data)", figures))
-    body = [_headline_table(metrics, history), f'<div class="plots">{"".join(sections)}</div>',
+    body = [_headline_table(metrics, history), _elastic(metrics), _timeline_links(metrics),
+            f'<div class="plots">{"".join(sections)}</div>',
             _history_table(history) if history else ""]
     name = html.escape(Path(run_dir).resolve().name)
     return _PAGE.format(title=f"sparkdl run report: {name}", body="\n".join(body))
@@ -376,6 +380,34 @@ def _headline_table(metrics: Mapping[str, Any], history: Mapping[str, list[float
     return f'<section><h2>Run</h2><table class="headline">{cells}</table></section>'
 
 
+def _timeline_links(metrics: Mapping[str, Any]) -> str:
+    """Links to the per-rank Chrome traces of ``training.timeline`` (none: nothing)."""
+    files = metrics.get("timeline")
+    if not isinstance(files, list) or not files:
+        return ""
+    links = ", ".join(
+        f'<a href="{html.escape(_href(str(uri)))}">{html.escape(str(uri).rsplit("/", 1)[-1])}</a>'
+        for uri in files
+    )
+    return ("<section><h2>Timeline</h2><p>Chrome traces of every step, one per rank: "
+            f"{links}. Open them in <a href=\"https://ui.perfetto.dev\">ui.perfetto.dev</a> "
+            "or chrome://tracing.</p></section>")
+
+
+def _href(uri: str) -> str:
+    return uri if "://" in uri else Path(uri).resolve().as_uri()
+
+
+def _elastic(metrics: Mapping[str, Any]) -> str:
+    """One line per change of an elastic fit's world size (``elastic_events``)."""
+    lines = [
+        f"Elastic fit: continued at epoch {e['epoch']}, step {e['step']} with "
+        f"{e['to_workers']} workers instead of {e['from_workers']} after: {e['cause']}"
+        for e in metrics.get("elastic_events") or ()
+    ]
+    return "".join(_note(line) for line in lines)
+
+
 def _class_table(evaluation: Evaluation) -> str:
     p, r, f = evaluation.precision(), evaluation.recall(), evaluation.f1()
     support = evaluation.confusion.sum(axis=1)
@@ -461,11 +493,18 @@ def _plot_style() -> Any:
     """matplotlib's default style for the report's figures, restored afterwards.
 
     Figures are made with :class:`matplotlib.figure.Figure` and drawn by the Agg canvas, so
-    neither pyplot nor the user's backend is touched.
+    neither pyplot nor the user's backend is touched. Mathtext is off: class and metric names
+    are the user's text, and ``$...$`` in one is drawn as written, not parsed as TeX.
     """
+    import contextlib
+
+    import matplotlib
     import matplotlib.style
 
-    return matplotlib.style.context("default")
+    stack = contextlib.ExitStack()
+    stack.enter_context(matplotlib.style.context("default"))
+    stack.enter_context(matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}))
+    return stack
 
 
 def _figure(size: tuple[float, float] = (6.4, 3.4)) -> tuple[Figure, Any]:

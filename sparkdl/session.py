@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkdl.config import ClusterConfig
@@ -26,6 +27,28 @@ DEFAULT_SPARK_CONF = {
     # is filtered by sparkdl.logs.quiet_tensorflow where sparkdl imports TensorFlow)
     "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2",
 }
+
+
+#: The driver JVM's log4j 2 configuration for a session sparkdl starts (no start-up chatter).
+LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+_DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+def driver_java_options(current: str | None) -> str:
+    """``spark.driver.extraJavaOptions`` with sparkdl's log4j 2 configuration added, unless
+    the options already name one."""
+    current = (current or "").strip()
+    if "log4j2.configurationFile" in current or "log4j.configurationFile" in current:
+        return current
+    ours = f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}"
+    return f"{current} {ours}".strip()
+
+
+def _own_log4j_config() -> bool:
+    """Whether ``$SPARK_CONF_DIR`` (or ``$SPARK_HOME/conf``) holds a log4j 2 configuration."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None)
+    return bool(conf_dir) and Path(conf_dir, "log4j2.properties").is_file()
 
 
 def ensure_java() -> None:
@@ -72,6 +95,9 @@ def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
             builder = builder.config(key, value)
     for key, value in cluster.spark_conf.items():
         builder = builder.config(key, value)
+    if not _own_log4j_config():  # this session launches the driver JVM: quiet its start-up
+        options = cluster.spark_conf.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS)
+        builder = builder.config(_DRIVER_JAVA_OPTIONS, driver_java_options(options))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

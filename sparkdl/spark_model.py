@@ -8,10 +8,13 @@ loop (:mod:`sparkdl.training.worker`). Rank 0's trained model comes back to the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import pickle
 import re
 import secrets
 import socket
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +23,11 @@ from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
+from sparkdl.storage import spark_uri
+from sparkdl.training.elastic import ElasticEvent, ElasticPolicy, replan
 from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
+from sparkdl.training.model_check import check_model_fits_shards
 
 if TYPE_CHECKING:
     import keras
@@ -56,9 +62,17 @@ class SparkModel(KerasFit):
         *,
         cluster: ClusterConfig | None = None,
         custom_objects: dict[str, Any] | None = None,
+        elastic: ElasticPolicy | None = None,
     ) -> None:
         if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
             raise ConfigurationError("the Keras model must be compiled (model.compile(...))")
+        if elastic is not None:
+            if not isinstance(elastic, ElasticPolicy):
+                raise ConfigurationError(
+                    f"elastic must be an ElasticPolicy, got {type(elastic).__name__}"
+                )
+            elastic.check(training_master.num_workers)
+        self.elastic = elastic
         self.spark = spark
         self.model = model
         self.training_master = training_master
@@ -84,15 +98,25 @@ class SparkModel(KerasFit):
     ) -> FitResult:
         """Train on a shard directory URI or a DataFrame, as Keras's ``Model.fit`` does.
 
+        With ``elastic`` (an :class:`~sparkdl.training.elastic.ElasticPolicy`) a failed
+        training stage is relaunched with the task slots still available (at least
+        ``min_workers``), resuming from the latest checkpoint: ``checkpoint_dir`` is required.
+
         A DataFrame is written once as shards into the run store ``store`` (a filesystem URI;
         default: a temporary directory, local masters only) and reused when the same
-        DataFrame is fitted or evaluated again in this process; the shards are deleted when
-        the process exits unless ``keep_shards=True``. ``features_col`` names a Spark ML
+        DataFrame is fitted or evaluated again and provably the same data
+        (:mod:`sparkdl.data.fingerprint`); the last process using the shards deletes them when
+        it exits unless ``keep_shards=True``. ``features_col`` names a Spark ML
         vector column, an ``array<numeric>`` column or numeric column(s); ``label_kind``
         (``"class"`` / ``"regression"``) overrides the inferred kind (see
         :mod:`sparkdl.data.frames`). ``validation_data`` may be a DataFrame too. The other
         arguments are :meth:`KerasFit.fit`'s.
         """
+        if self.elastic is not None and not kwargs.get("checkpoint_dir"):
+            raise ConfigurationError(
+                "an elastic fit resumes from checkpoints: set checkpoint_dir "
+                "(training.checkpoint_dir)"
+            )
         if _is_dataframe(data):
             self.label_spec = None
             data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards)
@@ -108,15 +132,27 @@ class SparkModel(KerasFit):
             )
         if _is_dataframe(validation_data):
             validation_data = self._shards_of(
-                validation_data, features_col, label_col, label_kind, store, keep_shards
+                validation_data, features_col, label_col, label_kind, store, keep_shards,
+                what="fit(validation_data)",
             )
         return super().fit(data, epochs, validation_data=validation_data, **kwargs)
 
     def _shards_of(
         self, df: DataFrame, features_col: FeaturesCol, label_col: str,
+        label_kind: str | None, store: str | None, keep_shards: bool, *, what: str = "fit()",
+    ) -> str:
+        """Shards of ``df`` in the run store, written if the store has none for it yet; a
+        failure while Spark computes ``df`` is one :class:`DataError` naming ``what``."""
+        from sparkdl.data.spark_errors import dataframe_errors
+
+        with dataframe_errors(what):
+            return self._write_shards_of(df, features_col, label_col, label_kind, store,
+                                         keep_shards)
+
+    def _write_shards_of(
+        self, df: DataFrame, features_col: FeaturesCol, label_col: str,
         label_kind: str | None, store: str | None, keep_shards: bool,
     ) -> str:
-        """Shards of ``df`` in the run store, written if the store has none for it yet."""
         from sparkdl.data.frames import label_spec, model_feature_shape, training_frame
         from sparkdl.data.store import fingerprint, open_store
         from sparkdl.data.writer import write_shards
@@ -153,9 +189,15 @@ class SparkModel(KerasFit):
     def _task_cpus(self) -> int:
         return int(self.spark.sparkContext.getConf().get("spark.task.cpus", "1"))
 
+    def _task_slots(self) -> int:
+        """The task slots Spark has now: its total executor cores (``defaultParallelism``,
+        which follows executors joining and leaving unless ``spark.default.parallelism``
+        is set) over ``spark.task.cpus``. Public API only."""
+        return max(1, self.spark.sparkContext.defaultParallelism // self._task_cpus())
+
     def _check_slots(self, num_workers: int) -> None:
         sc = self.spark.sparkContext
-        slots = max(1, sc.defaultParallelism // self._task_cpus())
+        slots = self._task_slots()
         if num_workers > slots:
             raise ConfigurationError(
                 f"num_workers={num_workers} but Spark has only {slots} task slots "
@@ -211,7 +253,8 @@ class SparkModel(KerasFit):
         from sparkdl.training.serialization import model_to_bytes
 
         if _is_dataframe(data):
-            data = self._shards_of(data, features_col, label_col, None, store, keep_shards)
+            data = self._shards_of(data, features_col, label_col, None, store, keep_shards,
+                                   what="evaluate()")
         elif not isinstance(data, str):
             raise ConfigurationError(
                 "evaluate() takes a Spark DataFrame or the URI of a shard directory (str), "
@@ -219,6 +262,7 @@ class SparkModel(KerasFit):
             )
         data_uri = data
         metadata = read_metadata(data_uri)
+        check_model_fits_shards(self.model, metadata, data_uri, training=False)
         plan = evaluation_plan(metadata, evaluations)
         templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
         sc = self.spark.sparkContext
@@ -301,6 +345,7 @@ class SparkModel(KerasFit):
                     "supported yet; evaluate() them, or predict with the Keras model on "
                     "sparkdl.data.reader.read_all(...)"
                 )
+            check_model_fits_shards(self.model, metadata, data, training=False)
             df = self.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
             feature_shape = metadata.feature_shape
             kind = label_kind or metadata.label_kind
@@ -418,6 +463,10 @@ class _SparkLauncher:
         self.mode = spark_model.training_master.mode
         self.threads_per_worker = spark_model._task_cpus()
         self.check_slots = spark_model._check_slots
+        self.task_slots = spark_model._task_slots
+        self.elastic = spark_model.elastic
+        self.elastic_events: list[ElasticEvent] = []
+        self._cancelled = False
         sc = self.spark.sparkContext
         if sc.master.startswith("local"):  # executors share the driver's machine
             self.driver_host = self.bind_host = "127.0.0.1"
@@ -430,12 +479,78 @@ class _SparkLauncher:
         self._group = f"sparkdl-fit-{secrets.token_hex(6)}"
 
     def cancel(self) -> None:
+        self._cancelled = True
         self.spark.sparkContext.cancelJobGroup(self._group)
 
     def run(self, spec: Any, secret: bytes) -> list[Any]:
+        if self.elastic is None:
+            return self._run_stage(spec, secret, spark_retries=True)
+        return self._run_elastic(spec, secret)
+
+    def _run_elastic(self, spec: Any, secret: bytes) -> list[Any]:
+        """Run the stage without Spark's retries (which would wait forever for the slots of
+        a host that is gone); after a failure relaunch it with the slots still available,
+        at most ``num_workers``, resuming from the latest checkpoint."""
+        from sparkdl.training.checkpoint import CheckpointStore
+
+        policy, wanted = self.elastic, len(spec.slices)
+        assert policy is not None and spec.checkpoint is not None
+        store = CheckpointStore(spec.checkpoint["uri"])
+        spec = dataclasses.replace(spec, extra={**spec.extra, "elastic": True})
+        current, failures = spec, 0
+        while True:
+            try:
+                return self._run_stage(current, secret, spark_retries=False)
+            except TrainingError as exc:
+                failures += 1
+                store.check_failure()  # a failure no relaunch can fix (non-finite values)
+                if self._cancelled:
+                    raise
+                world = len(current.slices)
+                if failures > policy.max_failures:
+                    raise TrainingError(
+                        f"elastic fit: the training stage failed {failures} time(s), more than "
+                        f"training.elastic.max_failures={policy.max_failures}; last: {exc}"
+                    ) from exc
+                slots = self._settled_slots()
+                if slots < policy.min_workers:
+                    raise TrainingError(
+                        f"elastic fit: only {slots} task slot(s) are left after the training "
+                        f"stage failed, fewer than training.elastic.min_workers="
+                        f"{policy.min_workers}; the failure: {exc}"
+                    ) from exc
+                new_world = min(wanted, slots)
+                log.warning("elastic fit: relaunching the training stage with %d worker(s) "
+                            "(was %d) after: %s", new_world, world, exc)
+                if new_world != world:
+                    latest = store.latest(spec.checkpoint["run_id"])
+                    position = (latest.state.epoch, latest.state.step_in_epoch) if latest \
+                        else (spec.initial_epoch, 0)
+                    self.elastic_events.append(ElasticEvent(
+                        *position, world, new_world, _short(str(exc))
+                    ))
+                    current = replan(spec, new_world)
+
+    def _settled_slots(self, settle_s: float = 3.0) -> int:
+        """The task slots once Spark's count has held still for ``settle_s`` (a lost host's
+        executors leave a moment after the stage fails); bounded by ``cluster.timeout_s``."""
+        deadline = time.monotonic() + max(self.cluster.timeout_s, settle_s)
+        slots, since = self.task_slots(), time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - since < settle_s:
+            time.sleep(0.25)
+            now = self.task_slots()
+            if now != slots:
+                slots, since = now, time.monotonic()
+        return slots
+
+    def _run_stage(self, spec: Any, secret: bytes, *, spark_retries: bool) -> list[Any]:
+        from pyspark.serializers import CloudPickleSerializer
+
         sc = self.spark.sparkContext
         cluster = self.cluster.model_dump()
-        spec_broadcast = sc.broadcast(spec)
+        # by value (cloudpickle), not by reference as a broadcast pickles: a custom layer a
+        # script or notebook defined in __main__ exists on no executor until it arrives
+        spec_broadcast = sc.broadcast(CloudPickleSerializer().dumps(spec))
         num_workers = len(spec.slices)
         attempts = AttemptLog.create(spec.checkpoint["uri"] if spec.checkpoint else None)
         sc.setJobGroup(self._group, f"sparkdl fit ({self.mode}, {num_workers} workers)",
@@ -445,16 +560,13 @@ class _SparkLauncher:
             # failed barrier *result* stage aborts the job), so results go through a
             # one-partition shuffle: a lost worker then retries the stage, which resumes
             # from the latest checkpoint.
-            rdd = sc.parallelize(range(num_workers), num_workers).barrier()
-            results = (
-                rdd.mapPartitions(
-                    lambda _: _train_task(spec_broadcast, cluster, secret, attempts.uri)
-                )
-                .map(lambda result: (result.rank, result))
-                .partitionBy(1)
-                .values()
-                .collect()
+            # An elastic fit relaunches the stage itself: there it is a result stage.
+            rdd = sc.parallelize(range(num_workers), num_workers).barrier().mapPartitions(
+                lambda _: _train_task(spec_broadcast, cluster, secret, attempts.uri)
             )
+            if spark_retries:
+                rdd = rdd.map(lambda result: (result.rank, result)).partitionBy(1).values()
+            results = rdd.collect()
             failures = attempts.read()
             if failures:  # Spark's own task-failure logs are off in jobs: say why it retried
                 log.warning("the training stage was retried after: %s", "; ".join(failures))
@@ -508,7 +620,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
     infos = context.getTaskInfos()
     gpus = task_gpu_addresses()
     pin_gpus(gpus, role="train")  # before the spec (and TensorFlow with it) is loaded
-    spec = spec_broadcast.value
+    spec = pickle.loads(spec_broadcast.value)
     configure_tensorflow(spec.threads, gpus)
     host = infos[rank].address.rsplit(":", 1)[0]
     with contextlib.suppress(OSError):
@@ -632,6 +744,12 @@ def _root_cause(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _short(text: str, limit: int = 300) -> str:
+    """The first line of a failure's text, at most ``limit`` characters."""
+    line = next((line for line in text.splitlines() if line.strip()), text)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def _is_dataframe(data: Any) -> bool:
     from pyspark.sql import DataFrame
 
@@ -639,7 +757,8 @@ def _is_dataframe(data: Any) -> bool:
 
 
 def _join(uri: str, relative: str) -> str:
-    return uri.rstrip("/") + "/" + relative
+    """``uri/relative`` as Spark reads it."""
+    return spark_uri(uri.rstrip("/") + "/" + relative)
 
 
 __all__ = ["SparkModel"]

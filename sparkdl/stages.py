@@ -20,7 +20,7 @@ from sparkdl.config import JobConfig
 from sparkdl.errors import DataError
 from sparkdl.report import HISTORY_FILE, REPORT_FILE, write_history_csv, write_report
 from sparkdl.run_output import RunOutput
-from sparkdl.storage import configure_s3
+from sparkdl.storage import as_uri, configure_s3, spark_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,13 +33,11 @@ EVALUATION_FILE = "evaluation.json"
 PREDICTIONS_DIR = "predictions"
 PREDICTIONS_MARKER = "_sparkdl_predictions.json"
 SAVEDMODEL_DIR = "savedmodel"
-
-
-def as_uri(location: str) -> str:
-    """A filesystem URI for a path or URI (relative paths resolve against the CWD)."""
-    if "://" in location:
-        return location
-    return Path(location).expanduser().resolve().as_uri()
+#: The file that marks each output directory as sparkdl's (what TF Serving looks for).
+MARKERS = {SAVEDMODEL_DIR: "saved_model.pb", PREDICTIONS_DIR: PREDICTIONS_MARKER}
+#: What the train stage removes when it publishes a new model: the old one's figures (and
+#: its SavedModel, when the new one is not exported).
+STALE_AFTER_TRAIN = (EVALUATION_FILE, PREDICTIONS_DIR)
 
 
 def output_dir(config: JobConfig) -> RunOutput:
@@ -89,7 +87,14 @@ def run_train(config: JobConfig, spark: SparkSession, *, resume: bool = False) -
     configure_storage(config, spark)
     train_uri, _ = shard_uris(config)
     with output_dir(config) as out:  # before training: a model is never lost for want of a place
+        out.check_targets(_train_unit(config), [SAVEDMODEL_DIR], MARKERS)
         return _train(config, spark, out, train_uri, resume=resume)
+
+
+def _train_unit(config: JobConfig) -> list[str]:
+    """What the train stage publishes, its completion file last."""
+    export = [SAVEDMODEL_DIR] if config.output.export == "savedmodel" else []
+    return [MODEL_FILE, *export, HISTORY_FILE, REPORT_FILE, METRICS_FILE]
 
 
 def _train(
@@ -109,11 +114,16 @@ def _train(
     keras.utils.set_random_seed(config.training.seed)  # same seed, same initial weights
     model = build_model(config.model, metadata.feature_shape, num_outputs,
                         inputs=metadata.inputs, outputs=metadata.outputs)
-    spark_model = SparkModel(
-        spark, model, master_from_training_config(config.training, model),
-        cluster=config.cluster
-    )
     training = config.training
+    elastic = None
+    if training.elastic is not None:
+        from sparkdl.training.elastic import ElasticPolicy
+
+        elastic = ElasticPolicy(training.elastic.min_workers, training.elastic.max_failures)
+    spark_model = SparkModel(
+        spark, model, master_from_training_config(training, model), cluster=config.cluster,
+        elastic=elastic,
+    )
     callbacks = []
     if training.tensorboard_dir:
         from sparkdl.callbacks import TensorBoardScalars
@@ -134,21 +144,24 @@ def _train(
         resume=resume,
         prefetch=training.prefetch,
         decode_threads=training.decode_threads,
+        timeline=as_uri(training.timeline) if training.timeline else None,
     )
-    _save_model_atomically(spark_model.model, out.dir / MODEL_FILE)
-    out.publish(MODEL_FILE)
+    new = out.staging  # nothing in output.dir changes until the whole unit is ready
+    spark_model.model.save(new / MODEL_FILE)
     metrics = {**fit.metrics, "history": fit.history, "model": out.location(MODEL_FILE),
                "train_data": train_uri, "validation_freq": training.validation_freq,
                "history_csv": out.location(HISTORY_FILE)}
     if config.output.export == "savedmodel":
-        export_savedmodel(spark_model.model, out.dir / SAVEDMODEL_DIR)
-        out.publish_dir(SAVEDMODEL_DIR, marker="saved_model.pb")  # what TF Serving looks for
+        export_savedmodel(spark_model.model, new / SAVEDMODEL_DIR)
         metrics["savedmodel"] = out.location(SAVEDMODEL_DIR)
-    write_history_csv(fit.history, out.dir / HISTORY_FILE, epochs=fit.epoch,
+    write_history_csv(fit.history, new / HISTORY_FILE, epochs=fit.epoch,
                       validation_freq=training.validation_freq)
-    _write_json_atomically(out.dir / METRICS_FILE, metrics)
-    write_report(out.dir)
-    out.publish(HISTORY_FILE, METRICS_FILE, REPORT_FILE)  # metrics.json: the stage is done
+    _write_json_atomically(new / METRICS_FILE, metrics)
+    write_report(new)  # no evaluation.json beside it: the new model is not evaluated yet
+    # the evaluation and predictions of the model being replaced go with it
+    unit = _train_unit(config)
+    stale = [*STALE_AFTER_TRAIN, *([] if SAVEDMODEL_DIR in unit else [SAVEDMODEL_DIR])]
+    out.publish_unit(unit, stale=stale, markers=MARKERS)
     return metrics
 
 
@@ -172,14 +185,15 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
             for evaluation in evaluations:  # stdout carries the result JSON
                 print((f"[output {name}]\n" if name else "") + evaluation.stats(),
                       file=sys.stderr, flush=True)
-        _write_json_atomically(out.dir / EVALUATION_FILE,
+        new = out.staging
+        _write_json_atomically(new / EVALUATION_FILE,
                                {**evaluation_document(per_output), "test_data": test_uri})
-        metrics_path = out.fetch(METRICS_FILE) or out.dir / METRICS_FILE
-        metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+        metrics_path = out.fetch(METRICS_FILE)
+        metrics = json.loads(metrics_path.read_text()) if metrics_path is not None else {}
         metrics.update(headline_figures(per_output))
-        _write_json_atomically(metrics_path, metrics)
-        write_report(out.dir)
-        out.publish(EVALUATION_FILE, METRICS_FILE, REPORT_FILE)
+        _write_json_atomically(new / METRICS_FILE, metrics)
+        write_report(new)
+        out.publish_unit([EVALUATION_FILE, REPORT_FILE, METRICS_FILE], markers=MARKERS)
     return metrics
 
 
@@ -267,7 +281,7 @@ def _write_local_predictions(predictions: Any, out: Path, marker: str, target: s
     target_dir = out / PREDICTIONS_DIR
     tmp = out / f".{PREDICTIONS_DIR}.tmp-{uuid.uuid4().hex[:12]}"
     try:
-        predictions.write.mode("errorifexists").parquet(tmp.as_uri())
+        predictions.write.mode("errorifexists").parquet(spark_uri(str(tmp)))
         (tmp / PREDICTIONS_MARKER).write_text(marker)
         check_replaceable(target, marker=PREDICTIONS_MARKER)
         if target_dir.exists():
@@ -335,12 +349,6 @@ def export_savedmodel(model: Any, path: Path) -> None:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-
-
-def _save_model_atomically(model: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    model.save(tmp)
-    os.replace(tmp, path)
 
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:

@@ -48,8 +48,9 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     ``gs://``, ...) use pyarrow's own filesystems; any other scheme goes through fsspec when
     it is installed (``memory://``, ``abfs://``, ...).
     """
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+    local = _local(uri)
+    if local is not None:
+        return pafs.LocalFileSystem(), local
     scheme = uri.split("://", 1)[0].lower()
     try:
         return pafs.FileSystem.from_uri(uri)
@@ -81,13 +82,41 @@ def _fsspec(uri: str, scheme: str) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
-def local_path(location: str) -> Path | None:
-    """The local path of a path or ``file://`` URI; None for any other filesystem."""
-    if location.startswith("file:"):
-        return Path(unquote(urlparse(location).path))
+def _local(location: str) -> str | None:
+    """The absolute local path (symbolic links kept) of a path or ``file:`` URI; None for
+    another filesystem. ``/abs``, ``file:/abs``, ``file:///abs`` and ``file://localhost/abs``
+    are one place; a relative path (or ``file:rel``) is relative to the working directory."""
+    if location[:5].lower() == "file:":
+        parsed = urlparse(location)
+        if parsed.netloc not in ("", "localhost"):
+            return None  # another host's files: pyarrow says what it makes of them
+        return os.path.abspath(unquote(parsed.path))
     if "://" in location:
         return None
-    return Path(location).expanduser().resolve()
+    return os.path.abspath(os.path.expanduser(location))
+
+
+def local_path(location: str) -> Path | None:
+    """The local path of a path or ``file:`` URI, symbolic links resolved; None for any
+    other filesystem. Every spelling of one local place gives the same path."""
+    local = _local(location)
+    return None if local is None else Path(local).resolve()
+
+
+def as_uri(location: str) -> str:
+    """A filesystem URI for a path or URI: every spelling of a local place is the same
+    ``file:///abs`` (what Spark and pyarrow are given); other URIs are returned unchanged."""
+    local = local_path(location)
+    return location if local is None else local.as_uri()
+
+
+def spark_uri(uri: str) -> str:
+    """``uri`` as Spark reads and writes it. Hadoop's ``Path`` takes a string literally (a
+    ``%20`` is a directory named ``%20``; ``#`` and ``?`` are part of the name), so the
+    percent-escapes of a URI are decoded here, the one place sparkdl hands a location over."""
+    uri = as_uri(uri)
+    scheme, rest = uri.split("://", 1)
+    return f"{scheme}://{unquote(rest)}"
 
 
 def child(uri: str, name: str) -> str:
@@ -112,9 +141,17 @@ def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
             stream.write(data)
         fs.move(tmp, path)
     except BaseException:
-        if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
-            fs.delete_file(tmp)
+        _discard(fs, tmp)
         raise
+
+
+def _discard(fs: pafs.FileSystem, tmp: str) -> None:
+    """Delete a temporary file a failed write may have left; a failure here is not the news."""
+    try:
+        if fs.get_file_info(tmp).type == pafs.FileType.File:
+            fs.delete_file(tmp)
+    except (OSError, pa.ArrowException):
+        pass
 
 
 def move_dir(fs: pafs.FileSystem, src: str, dst: str) -> None:
@@ -174,9 +211,13 @@ def _upload_file(source: Path, fs: pafs.FileSystem, path: str) -> None:
     if renames_atomically(fs):
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        pafs.copy_files(str(source), tmp, source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=fs)
-        fs.move(tmp, path)
+        try:
+            pafs.copy_files(str(source), tmp, source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=fs)
+            fs.move(tmp, path)
+        except BaseException:
+            _discard(fs, tmp)
+            raise
     else:
         pafs.copy_files(str(source), path, source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=fs)

@@ -24,6 +24,11 @@ SUITES = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("timeline", "timeline-png"):
+        from sparkdl.benchmarks.timeline import main as timeline_main
+
+        return timeline_main(argv)
     parser = argparse.ArgumentParser(prog="jobs/benchmark.py", description=__doc__)
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument("--json", dest="json_path", help="write the figures to this JSON file")
@@ -32,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="scaling: use the running netcluster recorded in STATE_DIR "
                         "instead of bringing one up")
     parser.add_argument("--repeats", type=int, help="scaling: alternating repeats per cell")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="scaling: only the in-process CPU work per mode (exchange_cpu_s "
+                        "and its ratio to the plain step), no cluster")
     args = parser.parse_args(argv)
     try:
         module = import_module(SUITES[args.suite])
@@ -39,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"benchmark suite {args.suite!r} is not available: {exc}", file=sys.stderr)
         return 2
     started = time.time()
-    options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats}
+    options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats,
+               "cpu_only": args.cpu_only or None}
     figures = module.run({key: value for key, value in options.items() if value is not None})
     figures = {
         "suite": args.suite,

@@ -2,7 +2,7 @@
 decision guide.
 
 Two models on the same data (scikit-learn's digits upscaled to 28×28, as the ``training``
-suite): the digits MLP (``sparkdl.models.mlp``, hidden 128, 64) and the seeds' LeNet. Each is
+suite): the digits MLP (``sparkdl.models.mlp``, hidden 128, 64) and DL4J's LeNet. Each is
 trained three ways at the same global batch (2 × ``batch`` rows per step):
 
 * ``one process``: ``model.fit`` from memory at batch 2 × ``batch`` on all cores;

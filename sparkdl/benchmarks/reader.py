@@ -17,7 +17,7 @@ to ``rows`` records), run through the mnist pipeline (IDX → image scaling → 
 ratio of the two timings of one round (:func:`report.paired_ratio`: the load of a shared machine
 changes between rounds, far less within one), 1.0 = as fast as pyarrow, target ≥ 0.9;
 ``iter_batches_vs_pyarrow`` likewise (target ≥ 0.8). The ratios of the medians are reported
-beside them (``*_ratio_of_medians``). Then the seeds' LeNet is trained with ``SparkModel.fit``
+beside them (``*_ratio_of_medians``). Then DL4J's LeNet is trained with ``SparkModel.fit``
 (2 workers, gradient sharing, batch 32 per worker) on the same shards for one epoch;
 ``data_wait_fraction`` is the time workers waited for the next batch divided by the training
 time (target ≤ 0.05).

@@ -10,23 +10,30 @@ per step (the communicator's counters), and what the model below predicts. Rates
 between cells with ``tc`` on the running cluster; repeats alternate the order of the modes
 and rates, and each figure is the median over repeats.
 
+``--cpu-only`` measures only ``T_m / T_0`` below (``exchange_cpu_s`` and the paired ratio of
+each mode to the plain train step), on this model and on LeNet, without the cluster or root,
+and prints the load average beside it: the quick check of the exchanges' CPU overhead.
+
 Performance model (all parameters measured in the same run, none fitted to the cells)::
 
-    step = C_m(w) + (N-1)·D·s + wire + hops·L                       (synchronous)
-    step = max(C_m(w) + (N-1)·D·s, wire + hops·L)                   (overlap)
-    C_m(w) = C(w) · T_m / T_0
+    step = C_m(w) + (N-1)·D·s + wire + hops·H                       (synchronous)
+    step = max(C_m(w) + (N-1)·D·s, wire + hops·H)                   (overlap)
+    C_m(w) = C(w) + (T_m - T_0) · s
     wire = k · B / R
+    H = F(w) + L_rate - L_unlimited
 
 * ``C(w)``: compute-only step time with ``w`` workers per host, measured on the cluster by a
   fit of the same model with communication off (parameter averaging that never averages
   inside the measured epochs): forward, backward, optimizer, input pipeline, loop overhead,
   and the CPU sharing of the workers on the machine's cores.
-* ``T_m / T_0``: how much CPU work mode ``m``'s exchange does per step next to the plain
-  train step, measured in this process with a one-rank communicator (no communication, one
-  TensorFlow thread, alternated): for sharing the update computed apart from the optimizer's
-  fused step, threshold selection, encoding one message, decoding it and applying the sum;
-  for dense the gradient and a separate apply. ``C_m(w)`` is then the mode's CPU work at
-  ``w`` workers per host.
+* ``T_m - T_0``: the CPU work mode ``m``'s exchange adds per step to the plain train step,
+  measured in this process with a one-rank communicator (no communication, one TensorFlow
+  thread, alternated), once before and once after each workers-per-host block of cells, so
+  it is taken at the load those cells ran at: for sharing forming the update, threshold
+  selection, encoding one message, decoding it and applying the sum; for dense the gradient
+  and a separate apply. It is added to ``C(w)`` (a fixed amount of work per step, stretched
+  by ``s`` where workers share cores), not scaled by ``C(w) / T_0``: the loop and input
+  costs in ``C(w)`` do not grow with the exchange.
 * ``D``: threshold decode of one message of this model's size at the target sparsity, from
   the encoding benchmark's code (:mod:`sparkdl.benchmarks.encoding`; it also reports the
   encode time ``E``, part of ``T_m``); every worker decodes the ``N-1`` other messages too;
@@ -40,9 +47,13 @@ Performance model (all parameters measured in the same run, none fitted to the c
 * ``R``: the link's goodput, measured in the run by a TCP transfer between two hosts
   (``NetCluster.transfer_seconds``) at each rate: it includes TCP/IP framing and, for the
   unlimited link, the kernel's copy cost.
-* ``hops · L``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
-  allgather, ``2(N-1)/f`` for averaging) times the one-way latency between hosts (half the
-  median round trip of a ping-pong).
+* ``hops · H``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
+  allgather, ``2(N-1)/f`` for averaging) times the fixed cost of one hop: ``F(w)``, the ring's
+  own per-hop cost measured on the cluster by the barrier-stage probe (50 allgathers of 64
+  bytes on the ring a fit builds, at the unlimited rate: the slowest rank's median over
+  ``N-1`` hops; it holds the Python, poll and framing cost of a collective), plus what a
+  rate-limited link adds to the one-way latency (half the median round trip of a ping-pong
+  at the rate, less the unlimited link's).
 
 The machine's cores are shared: with 2 hosts × 2 workers on 2 cores every worker gets half a
 core, which ``C(w)`` (measured at ``w``) and ``s`` account for. TensorFlow runs one thread per
@@ -66,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import print_table
+from sparkdl.benchmarks.report import paired_ratio, print_table
 
 HOSTS = 2
 CORES_PER_HOST = 2
@@ -78,6 +89,7 @@ BATCH = 32
 ROWS = 1280  # 20 steps per epoch with 2 workers, 10 with 4 (a multiple of the averaging f)
 AVERAGING_FREQUENCY = 5
 SPARSITY = 1e-3
+SMALL_COLLECTIVES = 50  # 64-byte allgathers the ring probe times
 
 
 @dataclass
@@ -119,6 +131,8 @@ def overlap_supported() -> bool:
 def run(options: dict[str, Any]) -> dict[str, Any]:
     from sparkdl.testing.netcluster import NetCluster, check_privileges
 
+    if options.get("cpu_only"):
+        return run_cpu_only(options)
     quick = bool(options.get("quick"))
     rates = ("100mbit", None) if quick else RATES
     per_host = (1,) if quick else WORKERS_PER_HOST
@@ -144,7 +158,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         codec = _measure_codec()
         overlap = overlap_supported()
         modes = MODES if overlap else tuple(m for m in MODES if m != "sharing_overlap")
-        cpu = _measure_exchange_cpu(("compute", *modes))
+        cpu, cpu_ratios = measure_exchange_cpu(("compute", *modes))
+        cpu_by_wph: dict[int, dict[str, float]] = {}
         cells: dict[str, Cell] = {}
         compute: dict[int, list[float]] = {}
         uri = None
@@ -153,8 +168,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         for wph in per_host:
             with _session(cluster, wph) as spark:
                 uri = uri or _write_data(spark, workdir)
-                probes[wph] = shm_links(spark, wph * HOSTS)
                 cluster.set_rate(None)
+                probes[wph] = shm_links(spark, wph * HOSTS)
+                # each mode's CPU work, measured around this block's cells (the same load)
+                before, _ = measure_exchange_cpu(("compute", *modes))
                 compute[wph] = _fit(spark, cluster, uri, "compute", wph, [None] * 3)["step_s"]
                 print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
                       f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms", file=sys.stderr,
@@ -173,6 +190,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                                                 Cell(rate, wph, mode))
                         _record(cell, measured, epoch)
                     _progress(cells, mode, wph, rates, started)
+                after, _ = measure_exchange_cpu(("compute", *modes))
+                cpu_by_wph[wph] = {m: (before[m] + after[m]) / 2 for m in before}
             cluster.set_rate(None)
     finally:
         if owned:
@@ -181,12 +200,22 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 cluster.set_rate(original_rate)  # as it was before the benchmark
     compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
+    hop_s = {wph: fixed_hop_seconds(p) for wph, p in probes.items()}
+    unlimited = links[_rate_name(None)]["latency_s"] if None in rates else 0.0
     for cell in cells.values():
         if not cell.missing:
-            predict(cell, compute_s[cell.workers_per_host] * cpu[cell.mode] / cpu["compute"],
-                    codec, links[_rate_name(cell.rate)])
+            wph = cell.workers_per_host
+            cost = cpu_by_wph[wph]
+            share = max(1.0, wph * HOSTS / (os.cpu_count() or 1))
+            mode_compute = compute_s[wph] + (cost[cell.mode] - cost["compute"]) * share
+            link = links[_rate_name(cell.rate)]
+            predict(cell, mode_compute, codec, link,
+                    hop_s=hop_s[wph] + max(0.0, link["latency_s"] - unlimited))
     figures = _figures(cells, compute_s, codec, links, repeats, schedule)
     figures["exchange_cpu_s"] = cpu
+    figures["exchange_cpu_ratio"] = cpu_ratios
+    figures["exchange_cpu_s_by_block"] = {f"{w}x{HOSTS}": c for w, c in cpu_by_wph.items()}
+    figures["fixed_hop_s"] = {f"{w}x{HOSTS}": h for w, h in hop_s.items()}
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
                    ring_links={f"{w}x{HOSTS}": p for w, p in probes.items()},
@@ -260,12 +289,39 @@ def _measure_codec() -> dict[str, float]:
     return {"encode_s": by_op["encode"], "decode_s": by_op["decode"], "parameters": params}
 
 
-def _measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15) -> dict[str, float]:
+CPU_TARGETS = {"sharing": 1.15, "dense": 1.10, "averaging": 1.05}
+
+
+def run_cpu_only(options: dict[str, Any]) -> dict[str, Any]:
+    """``--cpu-only``: the in-process measurement alone (no cluster, no root), on the scaling
+    model and on LeNet, with the load average beside it."""
+    repeats = int(options.get("repeats") or (10 if options.get("quick") else 40))
+    load_before = os.getloadavg()
+    figures: dict[str, Any] = {}
+    for name in ("scaling", "lenet"):
+        seconds, ratios = measure_exchange_cpu(("compute", *MODES), repeats=repeats,
+                                               model=name)
+        figures[name] = {"exchange_cpu_s": seconds, "ratio_to_plain_step": ratios}
+    figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
+                   targets=CPU_TARGETS)
+    print(f"load average before {_load(load_before)}, after {_load(os.getloadavg())}")
+    return figures
+
+
+def _load(load: tuple[float, ...]) -> str:
+    return " ".join(f"{v:.2f}" for v in load)
+
+
+def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str = "scaling"
+                         ) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per step of each mode's exchange in this process with a one-rank communicator
-    (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated."""
+    (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated;
+    also each mode's paired ratio to ``compute`` (the plain train step), when measured.
+    ``model``: ``scaling`` (256 -> Dense 4096 -> 10, batch 32) or ``lenet`` (28x28x1, batch
+    32)."""
     import secrets
 
-    from sparkdl.benchmarks.report import alternate
+    from sparkdl.benchmarks.report import alternate_samples
     from sparkdl.comm import create_communicator
     from sparkdl.training.worker import configure_tensorflow
 
@@ -274,24 +330,44 @@ def _measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15) -> dict[str
                                secret=secrets.token_bytes(32), timeout_s=60.0,
                                default_host="127.0.0.1")
     rng = np.random.default_rng(1)
-    x = rng.normal(0, 1, (BATCH, INPUT_DIM)).astype(np.float32)
+    shape = (INPUT_DIM,) if model == "scaling" else (28, 28, 1)
+    x = rng.normal(0, 1, (BATCH, *shape)).astype(np.float32)
     y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
     counter = iter(range(10**9))
-    exchanges = {mode: _master(mode, 1).create_exchange(_model(), comm, job_id=1)
+    build = _model if model == "scaling" else _lenet
+    exchanges = {mode: _master(mode, 1).create_exchange(build(), comm, job_id=1)
                  for mode in modes}
     try:
         for exchange in exchanges.values():
             exchange.metrics.build(x, y)
-        seconds = alternate(
+        samples = alternate_samples(
             {mode: (lambda e=e: e.step(x, y, next(counter))) for mode, e in exchanges.items()},
             repeats=repeats, warmup=3)
         for exchange in exchanges.values():
             exchange.finish()
     finally:
         comm.close()
-    print_table("one step's CPU work per mode, one process, no communication (ms, median)",
-                ["mode", "ms"], [(mode, t * 1e3) for mode, t in seconds.items()])
-    return seconds
+    seconds = {mode: statistics.median(t) for mode, t in samples.items()}
+    ratios = ({mode: paired_ratio(t, samples["compute"]) for mode, t in samples.items()}
+              if "compute" in samples else {})
+    print_table(f"{model}: one step's CPU work per mode, one process, no communication "
+                f"(ms, median of {repeats}; ratio: paired, to the plain train step)",
+                ["mode", "ms", "ratio", "target"],
+                [(mode, t * 1e3, ratios.get(mode, "-"), CPU_TARGETS.get(mode, "-"))
+                 for mode, t in seconds.items()])
+    return seconds, ratios
+
+
+def _lenet() -> Any:
+    import keras
+
+    from sparkdl.models import lenet
+
+    keras.utils.set_random_seed(1)
+    model = lenet((28, 28, 1), CLASSES)
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss="sparse_categorical_crossentropy")
+    return model
 
 
 def num_parameters() -> int:
@@ -469,12 +545,25 @@ def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
         try:
             comm.allreduce(np.ones(1 << 18, np.float32))
             shm_in, shm_out = getattr(comm, "shared_memory", (False, False))
+            small = []
+            for _ in range(SMALL_COLLECTIVES):  # the ring's fixed cost per collective
+                started = time.perf_counter()
+                comm.allgather(b"x" * 64)
+                small.append(time.perf_counter() - started)
         finally:
             comm.close()
-        yield {"rank": rank, "host": host, "shm_in": shm_in, "shm_out": shm_out}
+        yield {"rank": rank, "host": host, "shm_in": shm_in, "shm_out": shm_out,
+               "small_allgather_s": statistics.median(small)}
 
     rdd = spark.sparkContext.parallelize(range(num_workers), num_workers)
     return sorted(rdd.barrier().mapPartitions(probe).collect(), key=lambda r: r["rank"])
+
+
+def fixed_hop_seconds(links: list[dict[str, Any]]) -> float:
+    """The ring's fixed cost of one hop, from the probe's 64-byte allgathers: the slowest
+    rank's median (a collective ends when its last rank does) over the ``N - 1`` hops."""
+    hops = max(1, len(links) - 1)
+    return max((link.get("small_allgather_s", 0.0) for link in links), default=0.0) / hops
 
 
 def shm_between_hosts(links: list[dict[str, Any]]) -> bool:
@@ -512,18 +601,19 @@ def hops_per_step(mode: str, num_workers: int) -> float:
 
 
 def predict(cell: Cell, compute_s: float, codec: dict[str, float],
-            link: dict[str, float]) -> None:
+            link: dict[str, float], hop_s: float | None = None) -> None:
     """Fill ``cell.predicted_s`` and the model's terms (see the module docstring).
 
     ``compute_s`` is ``C_m(w)``: the cell's mode's CPU work per step (one rank's encode and
-    decode included) at ``w`` workers per host."""
+    decode included) at ``w`` workers per host. ``hop_s``: the fixed cost of one sequential
+    hop of a collective (default: the link's one-way latency)."""
     workers = cell.workers_per_host * HOSTS
     share = max(1.0, workers / (os.cpu_count() or 1))
     sharing = cell.mode.startswith("sharing")
     decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
     bytes_per_step = statistics.median(cell.bytes_per_step)
     wire = ring_crossings(cell.hosts_of_ranks) * bytes_per_step / link["bytes_per_s"]
-    latency = hops_per_step(cell.mode, workers) * link["latency_s"]
+    latency = hops_per_step(cell.mode, workers) * (link["latency_s"] if hop_s is None else hop_s)
     if cell.mode == "sharing_overlap":
         predicted = max(compute_s + decode, wire + latency)
     else:
@@ -556,6 +646,8 @@ def _figures(cells: dict[str, Cell], compute_s: dict[int, float], codec: dict[st
                                                        measured("sharing", "100mbit")),
         "overlap_vs_compute_only_100mbit": ratio(compute_s.get(1),
                                                  measured("sharing_overlap", "100mbit")),
+        "sharing_vs_compute_only_100mbit": ratio(compute_s.get(1),
+                                                 measured("sharing", "100mbit")),
         "model_error_max": max(errors) if errors else None,
         "model_error_median": statistics.median(errors) if errors else None,
         "sharing_compression": (dense_bytes / statistics.median(sharing_bytes)
@@ -615,6 +707,6 @@ def _print_cells(cells: dict[str, Cell], figures: dict[str, Any]) -> None:
                      f"+L{t['latency_s'] * 1e3:.1f}"))
     print_table(f"step time per cell (ms, medians of {figures['repeats']}), model terms in ms",
                 ["cell", "measured", "predicted", "error", "bytes/step", "model"], rows)
-    for key in ("sharing_vs_dense_step_speedup_100mbit", "overlap_vs_compute_only_100mbit",
-                "model_error_max", "sharing_compression"):
+    for key in ("sharing_vs_dense_step_speedup_100mbit", "sharing_vs_compute_only_100mbit",
+                "overlap_vs_compute_only_100mbit", "model_error_max", "sharing_compression"):
         print(f"{key}: {figures[key]}")

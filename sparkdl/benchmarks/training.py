@@ -1,4 +1,4 @@
-"""Training throughput: the seeds' LeNet on 2 Spark barrier workers vs one-process model.fit.
+"""Training throughput: DL4J's LeNet on 2 Spark barrier workers vs one-process model.fit.
 
 Data: scikit-learn's digits upscaled to 28×28×1 (repeated with noise to a few thousand rows),
 written once as real DataSet shards. Each distributed mode trains with 2 workers × batch 64 in

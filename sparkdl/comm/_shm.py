@@ -77,7 +77,7 @@ def sweep_stale() -> list[str]:
     """Unlink our user's segments in ``/dev/shm`` whose creating process (in our pid
     namespace) is dead; returns their names. Other names are left alone."""
     ns = _pid_namespace()
-    swept = []
+    swept: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
@@ -126,7 +126,7 @@ class ShmLink:
         self.slots = slots
         self.slot_bytes = slot_bytes
         self.array: np.ndarray = np.frombuffer(mm, np.uint8)
-        self.view = memoryview(self.array)
+        self.view = self.array.data
         self.index = 0  # next slot to fill (sender) or consume (receiver), counting from 0
         self.credits = slots  # sender only: slots free to fill
 

@@ -3,17 +3,34 @@
 The driver runs a :class:`ChannelServer` for the length of a fit; a worker (rank 0) opens a
 :class:`ChannelClient` to it. Every connection first passes the mutual challenge-response of
 :mod:`sparkdl.comm._auth` (context ``b"events"``, the per-job secret), so nothing unauthenticated
-ever reaches the driver's callbacks. Then both sides exchange frames:
+ever reaches the driver's callbacks. Connections are accepted by the flood-resistant
+:class:`~sparkdl.comm._accept.AcceptLoop` the ring and the store use: idle connections that
+never complete the handshake are bounded (oldest dropped first) and time out, so they cannot
+keep rank 0 out. Then both sides exchange frames, each made of two records, and every record
+is followed by a tag:
 
 ========  =======  ===============================================================
 offset    size     field
 ========  =======  ===============================================================
-0         4        magic ``b"SDLE"``
+0         4        magic ``b"SDLM"``
 4         4        JSON length ``J`` (big-endian uint32, at most 1 MiB)
 8         4        blob length ``B`` (big-endian uint32, at most the server's ``max_blob``)
-12        J        a UTF-8 JSON object (never pickle)
-12 + J    B        opaque bytes (e.g. the model's weights as ``.npz``)
+12        16       tag of the header record (bytes 0-11)
+28        J        a UTF-8 JSON object (never pickle)
+28 + J    B        opaque bytes (e.g. the model's weights as ``.npz``)
+28 + J+B  16       tag of the body record (JSON and blob)
 ========  =======  ===============================================================
+
+A tag is HMAC-SHA256 truncated to 16 bytes (:class:`~sparkdl.comm._auth.RecordMac`) over the
+record's number on its connection and direction (0, 1, 2, ...) and its bytes, keyed by the
+handshake's per-connection, per-direction key. The header's tag is verified before its lengths
+are used, the body's before the JSON is parsed, so bytes altered, injected, replayed, reordered
+or dropped on the wire end the connection with a :class:`CommunicationError` ("failed its
+MAC") and never reach the driver's callbacks or the worker's decisions. Frames are always
+MAC'd, whatever ``cluster.wire_integrity`` says: the channel carries the driver's decisions
+(learning rate, stop) that every rank applies, and little traffic (an event per epoch or per
+``log_every_steps``, the weights once an epoch when a callback reads them), so one format with
+no unauthenticated mode is simpler and costs little.
 
 A worker frame whose JSON has ``"reply": true`` gets exactly one frame back (blob empty);
 other frames are one-way. Every read and write has a deadline.
@@ -22,9 +39,11 @@ other frames are one-way. Every read and write has a deadline.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import logging
 import queue
+import select
 import socket
 import struct
 import threading
@@ -32,8 +51,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkdl.comm._accept import AcceptLoop
 from sparkdl.comm._auth import (
-    authenticate_acceptor,
+    TAG_BYTES,
+    AuthenticationError,
+    RecordMac,
+    accept_session,
     authenticate_connector,
     check_secret,
     recv_exact,
@@ -45,41 +68,95 @@ from sparkdl.errors import CommunicationError
 log = logging.getLogger("sparkdl.comm")
 
 CONTEXT = b"events"
-MAGIC = b"SDLE"
+MAGIC = b"SDLM"
 _HEADER = struct.Struct(">4sII")
 MAX_JSON = 1 << 20
-MAX_CONNECTIONS = 4
+HANDSHAKE_S = 10.0
+"""Bound on one connection's authentication, so idle connections give their slot up soon."""
+_JOIN_BELOW = 64 << 10  # frames with a shorter blob go out in one send
 
 
-def _send_frame(sock: socket.socket, data: dict[str, Any], blob: bytes, deadline: float) -> None:
-    text = json.dumps(data, allow_nan=True).encode("utf-8")
-    if len(text) > MAX_JSON:
-        raise CommunicationError(f"event message of {len(text)} bytes exceeds {MAX_JSON}")
-    send_all(sock, _HEADER.pack(MAGIC, len(text), len(blob)) + text + bytes(blob), deadline)
+def _tag(h: Any) -> bytes:
+    digest: bytes = h.digest()
+    return digest[:TAG_BYTES]
 
 
-def _recv_frame(
-    sock: socket.socket, max_blob: int, timeout_s: float, idle_s: float | None = None
-) -> tuple[dict[str, Any], bytes]:
-    """Read one frame: its header within ``idle_s`` (an idle channel is normal between
-    epochs) or ``timeout_s``, the rest within ``timeout_s`` of the header."""
-    header = recv_exact(sock, _HEADER.size, time.monotonic() + (idle_s or timeout_s))
-    deadline = time.monotonic() + timeout_s
-    magic, json_len, blob_len = _HEADER.unpack(header)
-    if magic != MAGIC:
-        raise CommunicationError(f"bad event frame magic {magic!r}")
-    if json_len > MAX_JSON or blob_len > max_blob:
-        raise CommunicationError(
-            f"event frame too large: JSON {json_len} bytes (max {MAX_JSON}), "
-            f"blob {blob_len} bytes (max {max_blob})"
-        )
-    try:
-        data = json.loads(recv_exact(sock, json_len, deadline).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CommunicationError(f"event frame is not UTF-8 JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CommunicationError(f"event frame holds {type(data).__name__}, not an object")
-    return data, recv_exact(sock, blob_len, deadline) if blob_len else b""
+class _Writer:
+    """Frames out on one connection's direction, each record tagged; thread-safe."""
+
+    def __init__(self, sock: socket.socket, key: bytes, timeout_s: float) -> None:
+        assert sock is not None
+        self._sock = sock
+        self._mac = RecordMac(key)
+        self._lock = threading.Lock()
+        self.timeout_s = timeout_s
+
+    def send(self, data: dict[str, Any], blob: bytes = b"") -> None:
+        text = json.dumps(data, allow_nan=True).encode("utf-8")
+        if len(text) > MAX_JSON:
+            raise CommunicationError(f"event message of {len(text)} bytes exceeds {MAX_JSON}")
+        header = _HEADER.pack(MAGIC, len(text), len(blob))
+        with self._lock:
+            deadline = time.monotonic() + self.timeout_s
+            h = self._mac.hasher()
+            h.update(header)
+            head = header + _tag(h)
+            h = self._mac.hasher()
+            h.update(text)
+            h.update(blob)
+            if len(blob) < _JOIN_BELOW:
+                send_all(self._sock, b"".join((head, text, blob, _tag(h))), deadline)
+            else:
+                send_all(self._sock, head + text, deadline)
+                send_all(self._sock, blob, deadline)
+                send_all(self._sock, _tag(h), deadline)
+
+
+class _Reader:
+    """Frames in on one connection's direction; every tag is verified before the bytes it
+    covers are used. ``sender`` names the other end in errors."""
+
+    def __init__(self, sock: socket.socket, key: bytes, max_blob: int, sender: str) -> None:
+        assert sock is not None
+        self._sock = sock
+        self._mac = RecordMac(key)
+        self._max_blob = max_blob
+        self._sender = sender
+
+    def _verify(self, tag: bytes, *parts: bytes, what: str) -> None:
+        h = self._mac.hasher()
+        for part in parts:
+            h.update(part)
+        if not hmac.compare_digest(_tag(h), tag):
+            raise CommunicationError(
+                f"an event frame's {what} from {self._sender} failed its MAC (bytes altered, "
+                "injected, replayed or reordered on the wire)"
+            )
+
+    def recv(self, timeout_s: float) -> tuple[dict[str, Any], bytes]:
+        """Read one frame within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        record = recv_exact(self._sock, _HEADER.size + TAG_BYTES, deadline)
+        header = record[: _HEADER.size]
+        magic, json_len, blob_len = _HEADER.unpack(header)
+        if magic != MAGIC:
+            raise CommunicationError(f"bad event frame magic {magic!r}")
+        self._verify(record[_HEADER.size :], header, what="header")
+        if json_len > MAX_JSON or blob_len > self._max_blob:
+            raise CommunicationError(
+                f"event frame too large: JSON {json_len} bytes (max {MAX_JSON}), "
+                f"blob {blob_len} bytes (max {self._max_blob})"
+            )
+        text = recv_exact(self._sock, json_len, deadline)
+        blob = recv_exact(self._sock, blob_len, deadline) if blob_len else b""
+        self._verify(recv_exact(self._sock, TAG_BYTES, deadline), text, blob, what="body")
+        try:
+            data = json.loads(text.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CommunicationError(f"event frame is not UTF-8 JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise CommunicationError(f"event frame holds {type(data).__name__}, not an object")
+        return data, blob
 
 
 @dataclass
@@ -88,9 +165,7 @@ class Message:
 
     data: dict[str, Any]
     blob: bytes = b""
-    _sock: socket.socket | None = field(default=None, repr=False)
-    _lock: threading.Lock | None = field(default=None, repr=False)
-    _timeout_s: float = 30.0
+    _writer: _Writer | None = field(default=None, repr=False)
 
     @property
     def wants_reply(self) -> bool:
@@ -98,12 +173,11 @@ class Message:
 
     def reply(self, data: dict[str, Any]) -> None:
         """Send the answer (best effort: a worker that is gone fails on its own)."""
-        if self._sock is None or self._lock is None:
+        if self._writer is None:
             return
         try:
-            with self._lock:
-                _send_frame(self._sock, data, b"", time.monotonic() + self._timeout_s)
-        except (OSError, TimeoutError, CommunicationError) as exc:
+            self._writer.send(data)
+        except (OSError, CommunicationError) as exc:
             log.warning("could not answer a worker's event: %s", exc)
 
 
@@ -115,7 +189,8 @@ class ChannelServer:
         bind_host: the address to listen on (``"0.0.0.0"`` for every interface).
         advertise_host: the address workers connect to (e.g. ``spark.driver.host``).
         port_range: ``(low, high)`` ports to try, or ``None`` for any free port.
-        timeout_s: the bound on every handshake, read and write.
+        timeout_s: the bound on every read and write (and, at most ``HANDSHAKE_S``, on the
+            handshake).
         max_blob: the largest blob a worker may send.
     """
 
@@ -134,66 +209,39 @@ class ChannelServer:
         self._max_blob = int(max_blob)
         self.inbox: queue.Queue[Message] = queue.Queue()
         self._closed = threading.Event()
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._connections: set[socket.socket] = set()
-        self._lock = threading.Lock()
         self._listener = listen_on(bind_host, port_range, backlog=16)
         self.address = f"{advertise_host}:{self._listener.getsockname()[1]}"
-        self._thread = threading.Thread(target=self._accept_loop, name="sparkdl-events",
-                                        daemon=True)
-        self._thread.start()
+        self._accept = AcceptLoop(self._listener, self._serve, what="events")
+        self._accept.start()
 
-    def _accept_loop(self) -> None:
-        self._listener.settimeout(0.2)
-        while not self._closed.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if self._closed.is_set():
-                    return
-                log.warning("event channel: accept failed (%s); retrying", exc)
-                time.sleep(0.1)
-                continue
-            if not self._slots.acquire(blocking=False):
-                sock.close()  # more concurrent connections than a fit ever needs
-                continue
-            threading.Thread(target=self._serve, args=(sock,), daemon=True,
-                             name="sparkdl-events-conn").start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        write_lock = threading.Lock()
+    def _serve(self, sock: socket.socket, addr: Any) -> None:
+        peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         try:
-            authenticate_acceptor(sock, self._secret, CONTEXT,
-                                  time.monotonic() + min(self._timeout_s, 30.0))
-            with self._lock:
-                self._connections.add(sock)
+            deadline = time.monotonic() + min(self._timeout_s, HANDSHAKE_S)
+            session = accept_session(sock, self._secret, CONTEXT, deadline)
+            self._accept.authenticated(sock)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            writer = _Writer(sock, session.key_a2c, self._timeout_s)
+            reader = _Reader(sock, session.key_c2a, self._max_blob, f"the worker at {peer}")
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
             while not self._closed.is_set():
-                try:
-                    data, blob = _recv_frame(sock, self._max_blob, self._timeout_s, idle_s=3600)
-                except TimeoutError:
+                if not poller.poll(1000):  # an idle channel is normal between epochs
                     continue
-                self.inbox.put(Message(data, blob, sock, write_lock, self._timeout_s))
-        except (OSError, ConnectionError, CommunicationError) as exc:
-            if not self._closed.is_set() and not isinstance(exc, ConnectionError):
-                log.debug("event connection ended: %s", exc)
+                data, blob = reader.recv(self._timeout_s)
+                self.inbox.put(Message(data, blob, writer))
+        except ConnectionError:
+            pass  # the worker hung up (or the flood guard dropped an idle connection)
+        except (OSError, CommunicationError) as exc:
+            if not self._closed.is_set():
+                log.warning("event channel: dropped the connection from %s: %s", peer, exc)
         finally:
-            with self._lock:
-                self._connections.discard(sock)
             sock.close()
-            self._slots.release()
 
     def close(self) -> None:
         """Stop accepting and close every connection. Idempotent."""
         self._closed.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            for sock in list(self._connections):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=5)
+        self._accept.stop()
 
     def __enter__(self) -> ChannelServer:
         return self
@@ -203,20 +251,44 @@ class ChannelServer:
 
 
 class ChannelClient:
-    """A worker's connection to the driver's :class:`ChannelServer`."""
+    """A worker's connection to the driver's :class:`ChannelServer`.
+
+    A connection closed or reset during the handshake (the driver's listener shedding a flood
+    of idle connections) is retried until ``timeout_s``; a failed authentication is not."""
 
     def __init__(self, address: str, secret: bytes, *, timeout_s: float = 120.0) -> None:
         host, _, port = address.rpartition(":")
         self._timeout_s = float(timeout_s)
         deadline = time.monotonic() + self._timeout_s
-        try:
-            self._sock = socket.create_connection((host, int(port)), timeout=self._timeout_s)
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            authenticate_connector(self._sock, check_secret(secret), CONTEXT, 0, 1, deadline)
-        except (OSError, ValueError) as exc:
-            raise CommunicationError(
-                f"cannot reach the driver's event listener at {address}: {exc}"
-            ) from None
+        secret = check_secret(secret)
+        delay = 0.01
+        while True:
+            sock: socket.socket | None = None
+            try:
+                remaining = max(0.001, deadline - time.monotonic())
+                sock = socket.create_connection((host, int(port)), timeout=remaining)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                session = authenticate_connector(sock, secret, CONTEXT, 0, 1, deadline)
+                break
+            except ConnectionError as exc:
+                if sock is not None:
+                    sock.close()
+                if isinstance(exc, ConnectionRefusedError) or time.monotonic() + delay > deadline:
+                    raise CommunicationError(
+                        f"cannot reach the driver's event listener at {address}: {exc}"
+                    ) from None
+                time.sleep(delay)
+                delay = min(2 * delay, 0.5)
+            except (OSError, ValueError, AuthenticationError) as exc:
+                if sock is not None:
+                    sock.close()
+                raise CommunicationError(
+                    f"cannot reach the driver's event listener at {address}: {exc}"
+                ) from None
+        assert sock is not None
+        self._sock = sock
+        self._writer = _Writer(sock, session.key_c2a, self._timeout_s)
+        self._reader = _Reader(sock, session.key_a2c, 0, f"the driver at {address}")
 
     def send(self, data: dict[str, Any], blob: bytes = b"") -> None:
         """Send a one-way message."""
@@ -224,23 +296,25 @@ class ChannelClient:
 
     def request(self, data: dict[str, Any], blob: bytes = b"") -> dict[str, Any]:
         """Send a message and wait (at most ``timeout_s``) for the driver's answer."""
+        kind = data.get("kind")
         self._write({**data, "reply": True}, blob)
         try:
-            answer, _ = _recv_frame(self._sock, 0, self._timeout_s)
-        except (OSError, TimeoutError) as exc:
+            answer, _ = self._reader.recv(self._timeout_s)
+        except OSError as exc:
             raise CommunicationError(
-                f"the driver did not answer the {data.get('kind')!r} event within "
+                f"the driver did not answer the {kind!r} event within "
                 f"{self._timeout_s:g} s: {exc}"
             ) from None
+        except CommunicationError as exc:
+            raise CommunicationError(f"the driver's answer to the {kind!r} event: {exc}") from None
         return answer
 
     def _write(self, data: dict[str, Any], blob: bytes) -> None:
         try:
-            _send_frame(self._sock, data, blob, time.monotonic() + self._timeout_s)
-        except (OSError, TimeoutError) as exc:
+            self._writer.send(data, blob)
+        except OSError as exc:
             raise CommunicationError(f"lost the driver's event listener: {exc}") from None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
-

@@ -1,4 +1,4 @@
-"""Topology-aware collectives: one accumulator per host (the seeds' per-node accumulator).
+"""Topology-aware collectives: one accumulator per host (DL4J's per-node accumulator).
 
 Ranks that share a host form a *local* communicator; its local rank 0 is the host's
 *leader*, and the leaders form a second communicator. Hosts are numbered by their lowest

@@ -1,4 +1,4 @@
-"""Choosing the address a worker listens on (the seeds' ``networkMask`` / ``DL4J_VOID_IP``)."""
+"""Choosing the address a worker listens on (DL4J's ``networkMask`` / ``DL4J_VOID_IP``)."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ HANDSHAKE_S = 10.0
 own deadline), so idle connections cannot hold a handshake slot for long."""
 _MAX_IOV = 64
 WIRE_INTEGRITY = ("none", "mac")
-MAC_BYTES = 16
+MAC_BYTES = _auth.TAG_BYTES
 """Length of the tag (truncated HMAC-SHA256) after every record with ``wire_integrity="mac"``."""
 MAC_RECORD_BYTES = REDUCE_BLOCK_BYTES
 """Payload bytes per MAC'd record (a frame's payload is cut into records of this size)."""
@@ -120,28 +120,12 @@ class _Out(deque):  # type: ignore[type-arg]
     """Queue payload bytes for the socket."""
 
 
-class _Mac:
-    """Keyed tags for one direction of one connection: HMAC-SHA256 truncated to
-    ``MAC_BYTES`` (OpenSSL's, hardware-accelerated where the CPU has SHA extensions: measured
-    faster than keyed BLAKE2b here). The record counter is part of every tag, so a replayed,
-    reordered, dropped or injected record fails verification."""
-
-    __slots__ = ("base", "count")
-
-    def __init__(self, key: bytes) -> None:
-        self.base = hmac.new(key, digestmod="sha256")
-        self.count = 0
-
-    def hasher(self) -> Any:
-        """A keyed hash already fed with the next record number; ``tag()`` ends it."""
-        h = self.base.copy()
-        h.update(self.count.to_bytes(8, "little"))
-        self.count += 1
-        return h
+_Mac = _auth.RecordMac
 
 
 def _tag(h: Any) -> bytes:
-    return h.digest()[:MAC_BYTES]
+    digest: bytes = h.digest()
+    return digest[:MAC_BYTES]
 
 
 class _MacOut(_Out):
@@ -169,7 +153,7 @@ class _MacOut(_Out):
             self._record_left = min(MAC_RECORD_BYTES, self._frame_left)
             self._h = self._mac.hasher()
 
-    def data(self, view: memoryview) -> None:  # type: ignore[override]
+    def data(self, view: memoryview) -> None:
         while len(view):
             take = min(len(view), self._record_left)
             if not take:
@@ -183,6 +167,11 @@ class _MacOut(_Out):
             if self._record_left == 0:
                 self.append(memoryview(_tag(self._h)))
                 self._next_record()
+
+
+def _chunk_of(chunks: list[memoryview], index: int) -> Callable[[int], memoryview]:
+    """A receive target that is always ``chunks[index]`` (whatever length is announced)."""
+    return lambda _length: chunks[index]
 
 
 class _RecvStep:
@@ -431,12 +420,12 @@ class TcpRingCommunicator(Communicator):
         starts = [i * base + min(i, rem) for i in range(n + 1)]
         mine = [src[starts[i] : starts[i + 1]] for i in range(n)]
         chunks = [out[starts[i] : starts[i + 1]] for i in range(n)]
-        raw = memoryview(out.view(np.uint8))
+        raw = out.view(np.uint8).data
         braw = [raw[starts[i] * isz : starts[i + 1] * isz] for i in range(n)]
         block = max(1, REDUCE_BLOCK_BYTES // isz)
         seq = self._begin()
         last = 2 * n - 3
-        own = memoryview(mine[r].view(np.uint8))
+        own = mine[r].view(np.uint8).data
         sendq = self._out()
         self._send_frame(sendq, code, 0, seq, own)
         via_shm = [False] * (last + 2)  # whether frame k goes out through shared memory
@@ -502,7 +491,7 @@ class TcpRingCommunicator(Communicator):
 
                 steps.append(
                     _RecvStep(
-                        k, nbytes, lambda _n, c=c: braw[c], on_header, on_data, on_done, add_shm
+                        k, nbytes, _chunk_of(braw, c), on_header, on_data, on_done, add_shm
                     )
                 )
             else:
@@ -511,7 +500,7 @@ class TcpRingCommunicator(Communicator):
                     if k + 1 <= last:
                         emit(k + 1, view[lo:hi])
 
-                steps.append(_RecvStep(k, nbytes, lambda _n, c=c: braw[c], on_header, fwd))
+                steps.append(_RecvStep(k, nbytes, _chunk_of(braw, c), on_header, fwd))
         self._pump(_OP_NAMES[code], code, seq, sendq, steps)
         return out
 
@@ -644,12 +633,12 @@ class TcpRingCommunicator(Communicator):
         if step.on_shm is not None:
             step.on_shm(part, got, got + n)
         else:
-            body[got : got + n] = part  # type: ignore[assignment]
+            body[got : got + n] = part.data
             if step.on_data is not None:
                 step.on_data(body, got, got + n)
         link.index += 1
         self._acks_owed += 1
-        return n
+        return int(n)
 
     def _set_mask(self, fd: int, mask: int) -> None:
         assert self._poller is not None

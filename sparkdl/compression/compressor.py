@@ -122,6 +122,14 @@ class Compressor(abc.ABC):
     ) -> np.ndarray:
         """Sum all ranks' frames (``frames[i]`` from rank ``i``) into ``out`` (zeroed first)."""
 
+    def decompress_sparse_sum(
+        self, frames: Sequence[bytes | memoryview], step: int, scratch: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The sum of :meth:`decompress_sum` as ``(index, values)`` — every element some frame
+        touched, ascending, and its sum — or None when this compressor (or one of these
+        frames) has no sparse form; ``scratch`` is a zero float32 vector, left zero."""
+        return None
+
     def get_state(self) -> dict[str, Any]:
         """This rank's compressor state: ``{"memory.residual": ..., ...}``."""
         return prefixed("memory", self.memory.get_state())
@@ -242,22 +250,44 @@ class ThresholdCompressor(Compressor):
         shake = self.shake_up is not None and self.shake_up.due(step)
         return shake, tau * self.shake_up.factor if shake and self.shake_up else tau
 
-    def compress(self, update: np.ndarray, step: int) -> tuple[bytes, EncodingStats]:
-        """Add ``update`` to the residual, encode it, and return ``(frame, stats)``."""
-        self._check("update", update)
+    def compress(
+        self, update: np.ndarray | Sequence[np.ndarray], step: int
+    ) -> tuple[bytes, EncodingStats]:
+        """Add ``update`` to the residual, encode it, and return ``(frame, stats)``.
+
+        ``update``: the float32 vector, or its consecutive pieces (float32 arrays of any
+        shape whose sizes add up to ``num_elements``; each is added to its slice of the
+        residual, so the caller need not concatenate them)."""
         started = time.perf_counter()
         residual = self.memory.residual
-        if self.threshold.uses_residual:
+        if not isinstance(update, np.ndarray):
+            self._add_pieces(residual, update)
+            add = None
+        elif self.threshold.uses_residual:
+            self._check("update", update)
             np.add(residual, update, out=residual)
-            tau = self.threshold.select(residual, step)
             add = None
         else:
-            tau = self.threshold.select(residual, step)
-            add = update  # fused into the encode sweep
+            add = self._check("update", update)  # fused into the encode sweep
+        tau = self.threshold.select(residual, step)  # reads the residual only if uses_residual
         shake, encode_tau = self.shaken_tau(tau, step)
         encoded = threshold_encode(residual, encode_tau, add=add)
         self.memory.post_process(tau, step)
         return self.finish_frame(encoded, step, shake, started)
+
+    def _add_pieces(self, residual: np.ndarray, pieces: Sequence[np.ndarray]) -> None:
+        arrays = [np.asarray(piece) for piece in pieces]
+        sizes = [a.size for a in arrays]
+        if sum(sizes) != self.num_elements or any(a.dtype != np.float32 for a in arrays):
+            raise ConfigurationError(
+                f"update pieces must be float32 arrays of {self.num_elements} elements in all, "
+                f"got sizes {sizes} and dtypes {sorted({str(a.dtype) for a in arrays})}"
+            )
+        start = 0
+        for array, size in zip(arrays, sizes):
+            piece = residual[start:start + size]
+            np.add(piece, array.reshape(-1), out=piece)
+            start += size
 
     def finish_frame(
         self, encoded: EncodedUpdate, step: int, shake: bool, started: float
@@ -294,7 +324,36 @@ class ThresholdCompressor(Compressor):
         else:
             self._check("out", out)
             out.fill(0)
+        for position, header, payload in self._unpacked(frames, step):
+            self._decode(position, header, payload, out)
+        return out
+
+    def decompress_sparse_sum(
+        self, frames: Sequence[bytes | memoryview], step: int, scratch: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`decompress_sum` in O(entries) when every frame is sparse: the same additions
+        in the same order, into the zeros of ``scratch``, read back at the touched indices and
+        zeroed again (also when a frame is bad)."""
+        self._check("scratch", scratch)
+        unpacked = list(self._unpacked(frames, step))
+        if any(header.encoding is not Encoding.SPARSE for _, header, _ in unpacked):
+            return None
+        touched: list[np.ndarray] = []
+        try:
+            for position, header, payload in unpacked:
+                self._decode(position, header, payload, scratch)
+                codes = np.frombuffer(payload, dtype="<i4")
+                touched.append(np.abs(codes).astype(np.int64) - 1)
+            index = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
+            return index, scratch[index]
+        finally:
+            for entries in touched:
+                scratch[entries] = 0.0
+
+    def _unpacked(self, frames: Sequence[bytes | memoryview], step: int):
+        """``(position, header, payload)`` of every frame, all validated first."""
         world_size = len(frames)
+        out = []
         for position, frame in enumerate(frames):
             header, payload = unpack_frame(
                 frame,
@@ -307,11 +366,14 @@ class ThresholdCompressor(Compressor):
                 raise CommunicationError(
                     f"bad frame at position {position}: rank expected {position}, got {header.rank}"
                 )
-            try:
-                decode_into(header.encoding, payload, self.num_elements, header.tau, out)
-            except CommunicationError as exc:
-                raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
+            out.append((position, header, payload))
         return out
+
+    def _decode(self, position: int, header: Any, payload: Any, out: np.ndarray) -> None:
+        try:
+            decode_into(header.encoding, payload, self.num_elements, header.tau, out)
+        except CommunicationError as exc:
+            raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
 
 
 class CompressorConfig(abc.ABC):

@@ -8,7 +8,7 @@ arguments and ``from_config(config)`` rebuilds it; :func:`threshold_to_config` /
 while training (tau) is the algorithm's *state*: ``get_state()`` / ``set_state(state)``, a
 flat dict of Python numbers, saved per rank with the residual.
 
-The default initial tau of every algorithm is 1e-3 (the seeds: "1e-3 is a good value to
+The default initial tau of every algorithm is 1e-3 (DL4J: "1e-3 is a good value to
 start with"), as in the YAML configuration.
 """
 
@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
+
+_T = TypeVar("_T")
 
 __all__ = [
     "DEFAULT_MIN_ELEMENTS",
@@ -318,7 +320,8 @@ class _Config:
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments, JSON-compatible."""
-        return asdict(self)  # type: ignore[call-overload]
+        config: dict[str, Any] = asdict(self)  # type: ignore[call-overload]
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any:
@@ -326,7 +329,7 @@ class _Config:
         return _construct(cls, config)
 
 
-def _construct(cls: type, config: dict[str, Any]) -> Any:
+def _construct(cls: type[_T], config: dict[str, Any]) -> _T:
     """``cls(**config)``, a wrong or missing key being one ConfigurationError."""
     try:
         return cls(**config)

@@ -76,6 +76,48 @@ def spark_data_errors(context: str | None = None) -> Iterator[None]:
         raise DataError(f"{context}: {first}") from exc
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*: \S.*$|^[A-Za-z_][\w.]*(?:Error|Exception)$")
+
+
+def task_failure_cause(exc: BaseException) -> str:
+    """One line saying why a Spark job failed: the exception a Python worker raised (its
+    traceback's last line, ``ZeroDivisionError: float division by zero``), else the first line
+    of Spark's message (``[DIVIDE_BY_ZERO] Division by zero. ...``)."""
+    text = str(exc)
+    if _TRACEBACK in text:
+        for line in text[text.rindex(_TRACEBACK) + len(_TRACEBACK):].splitlines():
+            if _RAISED.match(line):
+                return line.strip()
+    lines = [line.strip().removeprefix(": ") for line in text.splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith("An error occurred while calling")]
+    return (useful or lines or [type(exc).__name__])[0]
+
+
+@contextmanager
+def dataframe_errors(what: str) -> Iterator[None]:
+    """Re-raise a Spark failure while computing the user's DataFrame (a Python UDF that
+    raises, an ANSI-mode division by zero) as one :class:`DataError` naming ``what`` and the
+    cause, without the JVM's or Py4J's traceback. sparkdl's own errors pass through."""
+    try:
+        yield
+    except SparkDLError:
+        raise
+    except Exception as exc:
+        if not _from_spark(exc):
+            raise
+        message = find_marked(exc)
+        if message is None:
+            message = f"{what}: the DataFrame failed on Spark: {task_failure_cause(exc)}"
+        raise DataError(message) from None
+
+
+def _from_spark(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error of Spark's (PySpark's captured errors, Py4J's)."""
+    module = type(exc).__module__ or ""
+    return module.startswith(("pyspark.", "py4j."))
+
+
 #: Spark's loggers that print a failed task's whole JVM stack trace (60-90 lines) before the
 #: one clear :class:`DataError` line.
 NOISY_LOGGERS = (

@@ -1,121 +1,57 @@
 """The run store: DataSet shards written from DataFrames for ``fit`` / ``evaluate`` (Horovod's
-Store, the seeds' Export approach).
+Store, DL4J's (Deeplearning4j's) export approach).
 
 ``SparkModel.fit(df)`` writes ``df`` once as shards into a store directory (any filesystem URI
-the shard writer accepts), named by a **fingerprint** of the DataFrame; fitting or evaluating
-the same DataFrame again finds the shards there and reuses them. Shards this process wrote are
-deleted when it exits (or on :meth:`RunStore.cleanup`) unless ``keep=True``.
+the shard writer accepts), named by the DataFrame's :mod:`~sparkdl.data.fingerprint`; fitting
+or evaluating the same DataFrame again finds the shards there and reuses them, but only when
+the fingerprint is *reusable* (provably the same data). Every fit logs one line, ``reusing
+shards URI: why`` or ``writing shards URI: why not reused``.
 
-The fingerprint is a SHA-256 of:
+Shards are shared between processes through **leases**, files under
+``ROOT/.sparkdl-leases/KEY/``:
 
-- the optimized logical plan's text, with expression ids (``#12``) removed;
-- the schema with its column metadata (Spark ML's ``ml_attr``: e.g. a ``StringIndexer``'s
-  labels, which its UDF does not show in the plan);
-- for each leaf of the plan: the input files' paths, sizes and modification times (file
-  scans); the RDD's id and the application's id (DataFrames made from Python data or RDDs:
-  reused only within one Spark application); the rows themselves (local relations); the text of
-  ``range``;
-- the writing options (feature shape, label kind, classes, columns).
+============== ==========================================================================
+``use-TOKEN``  a process is using the entry (written when it writes or reuses it; removed
+               when it exits)
+``keep-TOKEN`` a process asked to keep it (``keep=True``); never removed by sparkdl
+``temporary``  the writer did not ask to keep it: the last user may delete it
+``retiring-T`` a process is deleting the entry
+============== ==========================================================================
 
-Limits: a leaf of any other kind (JDBC, streaming, a catalog table without files, ...) gets a
-random salt, so such DataFrames are written afresh every time rather than risk stale shards.
-The plan does not show the *code* of a Python or Scala UDF, only its name: a UDF changed in
-place between two fits of a plan with the same text is not noticed. Files changed without a
-change of size or modification time are not noticed either.
+At exit (or :meth:`RunStore.cleanup`) a process removes its ``use`` leases; for a temporary
+entry it then writes ``retiring-T``, lists the leases and deletes the entry only if no other
+``use`` or ``keep`` lease is there. A process about to reuse writes its lease first and then
+waits (bounded) while a ``retiring`` file is there: of two processes racing, at least one sees
+the other's file, so an entry is never deleted under a process that reuses it. A process that
+dies without cleaning up leaves its lease: the entry stays (deleting it is then up to you).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
-import json
 import logging
-import re
+import os
 import secrets
 import shutil
+import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow.fs as pafs
 
+from sparkdl.data.fingerprint import Fingerprint, fingerprint
 from sparkdl.data.metadata import METADATA_FILE, join, resolve
 from sparkdl.errors import ConfigurationError, DataError
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
 log = logging.getLogger("sparkdl")
 
-_EXPR_ID = re.compile(r"#\d+L?")
-
-
-def fingerprint(df: DataFrame, options: dict[str, Any] | None = None) -> str:
-    """A hex digest that is the same for the same plan over the same inputs (see module doc)."""
-    plan = df._jdf.queryExecution().optimizedPlan()
-    parts: dict[str, Any] = {
-        "plan": _EXPR_ID.sub("", _full_plan_text(df, plan)),
-        "schema": df.schema.json(),
-        "options": options or {},
-        "leaves": _leaf_identities(df, plan),
-    }
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _full_plan_text(df: DataFrame, plan: Any) -> str:
-    """The plan's text with every field shown (Spark truncates wide plans by default)."""
-    conf = df.sparkSession.conf
-    key = "spark.sql.debug.maxToStringFields"
-    previous = conf.get(key, None)
-    conf.set(key, str(2**31 - 1))
-    try:
-        return str(plan.toString())
-    finally:
-        if previous is None:
-            conf.unset(key)
-        else:
-            conf.set(key, previous)
-
-
-def _leaf_identities(df: DataFrame, plan: Any) -> list[Any]:
-    leaves = plan.collectLeaves()
-    identities: list[Any] = []
-    files_listed = False
-    for i in range(leaves.size()):
-        leaf = leaves.apply(i)
-        kind = leaf.getClass().getSimpleName()
-        if kind == "LogicalRelation" and not files_listed:
-            identities.append(["files", _file_stamps(df.inputFiles())])
-            files_listed = True  # inputFiles() covers every file scan of the plan
-        elif kind == "LogicalRelation":
-            continue
-        elif kind == "LogicalRDD":
-            app = df.sparkSession.sparkContext.applicationId
-            identities.append(["rdd", app, int(leaf.rdd().id())])
-        elif kind == "LocalRelation":
-            rows = str(leaf.data().toString())
-            identities.append(["local", hashlib.sha256(rows.encode()).hexdigest()])
-        elif kind in ("Range", "OneRowRelation"):
-            identities.append([kind, _EXPR_ID.sub("", leaf.toString())])
-        else:  # unknown source: never reuse
-            identities.append([kind, secrets.token_hex(16)])
-    return identities
-
-
-def _file_stamps(uris: list[str]) -> list[list[Any]]:
-    """``[uri, size, mtime_ns]`` of every input file (one listing per filesystem)."""
-    stamps = []
-    for uri in sorted(uris):
-        try:
-            fs, path = resolve(uri)
-            info = fs.get_file_info(path)
-            stamps.append([uri, info.size, info.mtime_ns])
-        except Exception:  # a filesystem pyarrow cannot open: never reuse
-            stamps.append([uri, secrets.token_hex(16)])
-    return stamps
+LEASES = ".sparkdl-leases"
+TEMPORARY = "temporary"
+RETIRE_WAIT_S = 60.0  # how long a reuser waits for another process's deletion to finish
 
 
 class RunStore:
@@ -125,8 +61,9 @@ class RunStore:
         root: URI or path of the store (shared storage on a cluster: ``hdfs://``, ``s3://``, a
             ``file://`` path every executor mounts). ``None``: a temporary directory on the
             driver, which only local masters (executors on the driver's machine) can use.
-        keep: keep the shards this store writes (to reuse them in a later process);
-            otherwise they are deleted at :meth:`cleanup` or when the process exits.
+        keep: keep the shards this store writes or reuses (to reuse them in a later
+            process); otherwise the last process using them deletes them when it exits (or
+            at :meth:`cleanup`).
     """
 
     def __init__(self, root: str | None = None, *, keep: bool = False) -> None:
@@ -140,7 +77,8 @@ class RunStore:
             root = Path(root).expanduser().resolve().as_uri()
         self.root = root.rstrip("/")
         self.keep = keep
-        self._written: list[str] = []
+        self.token = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._leased: set[str] = set()  # keys this store holds a lease on
         self._lock = threading.Lock()
         atexit.register(self._at_exit)
 
@@ -153,38 +91,108 @@ class RunStore:
                 "or set training.store"
             )
 
-    def shards(self, key: str, write: Callable[[str], Any]) -> str:
-        """The URI of the shards named ``key``; ``write(uri)`` writes them if absent."""
-        uri = join(self.root, key)
+    def shards(self, key: str | Fingerprint, write: Callable[[str], Any]) -> str:
+        """The URI of the shards named ``key``; ``write(uri)`` writes them unless the store
+        holds them and ``key`` is reusable (a plain string key counts as reusable)."""
+        found = key if isinstance(key, Fingerprint) else Fingerprint(key, True, "same key")
+        name = found.key
+        self._lease(name)
+        if found.reusable and not self._wait_unretired(name):
+            name = f"{found.key}-{secrets.token_hex(4)}"
+            self._lease(name)
+            found = Fingerprint(name, False, f"{found.key} is being deleted by another "
+                                f"process for over {RETIRE_WAIT_S:.0f} s")
+        uri = join(self.root, name)
         fs, path = resolve(uri)
-        if fs.get_file_info(join(path, METADATA_FILE)).type == pafs.FileType.File:
-            log.info("reusing shards %s", uri)
+        if found.reusable and _is_file(fs, join(path, METADATA_FILE)):
+            log.info("reusing shards %s: %s", uri, found.why)
             return uri
+        reason = found.why if not found.reusable else f"no shards in the store yet for {found.why}"
+        log.info("writing shards %s: %s", uri, reason)
         try:
             write(uri)
         except DataError:
             # another fit wrote the same shards meanwhile: theirs are as good as ours
-            if fs.get_file_info(join(path, METADATA_FILE)).type == pafs.FileType.File:
-                return uri
-            raise
+            if not (found.reusable and _is_file(fs, join(path, METADATA_FILE))):
+                raise
+            return uri
         if not self.keep:
-            with self._lock:
-                self._written.append(uri)
+            _write(self._lease_dir(name), TEMPORARY)
         return uri
 
     def cleanup(self) -> None:
-        """Delete the shards this store wrote (none when ``keep``)."""
+        """Give up this store's leases; delete the temporary entries nobody else holds."""
         with self._lock:
-            written, self._written = self._written, []
-        for uri in written:
+            leased, self._leased = self._leased, set()
+        if self.keep:
+            return
+        for key in sorted(leased):
             with contextlib.suppress(Exception):
-                fs, path = resolve(uri)
-                fs.delete_dir(path)
+                self._leave(key)
+
+    # leases ----------------------------------------------------------------------------
+
+    def _lease_dir(self, key: str) -> str:
+        return join(self.root, LEASES, key)
+
+    def _lease(self, key: str) -> None:
+        """Hold a lease on ``key`` (once per store)."""
+        with self._lock:
+            if key not in self._leased:
+                kind = "keep" if self.keep else "use"
+                _write(self._lease_dir(key), f"{kind}-{self.token}")
+                self._leased.add(key)
+
+    def _wait_unretired(self, key: str) -> bool:
+        """Wait while another process deletes ``key`` (``False`` when that takes longer than
+        :data:`RETIRE_WAIT_S`); hold its lease first, so that the deleter sees it."""
+        deadline = time.monotonic() + RETIRE_WAIT_S
+        while any(n.startswith("retiring-") for n in _names(self._lease_dir(key))):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _leave(self, key: str) -> None:
+        folder = self._lease_dir(key)
+        fs, path = resolve(folder)
+        fs.delete_file(join(path, f"use-{self.token}"))
+        if TEMPORARY not in _names(folder):
+            return  # kept by its writer, or written before leases: never deleted here
+        retiring = join(path, f"retiring-{self.token}")
+        _write(folder, f"retiring-{self.token}")
+        try:
+            if any(n.startswith(("use-", "keep-")) for n in _names(folder)):
+                return  # someone else holds it: the last one to leave deletes it
+            entry_fs, entry = resolve(join(self.root, key))
+            with contextlib.suppress(FileNotFoundError):
+                entry_fs.delete_dir(entry)
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(join(path, TEMPORARY))
+        finally:
+            fs.delete_file(retiring)
 
     def _at_exit(self) -> None:
         self.cleanup()
         if self._owned_root and not self.keep:
             shutil.rmtree(self._owned_root, ignore_errors=True)
+
+
+def _is_file(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def _names(folder: str) -> list[str]:
+    fs, path = resolve(folder)
+    selector = pafs.FileSelector(path, allow_not_found=True)
+    return [info.base_name for info in fs.get_file_info(selector)]
+
+
+def _write(folder: str, name: str) -> None:
+    fs, path = resolve(folder)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(join(path, name)) as out:
+        out.write(b"")
 
 
 _STORES: dict[tuple[str | None, bool], RunStore] = {}
@@ -201,4 +209,4 @@ def open_store(root: str | None = None, *, keep: bool = False) -> RunStore:
         return _STORES[key]
 
 
-__all__ = ["RunStore", "fingerprint", "open_store"]
+__all__ = ["Fingerprint", "RunStore", "fingerprint", "open_store"]

@@ -35,6 +35,7 @@ from sparkdl.data.metadata import (
 )
 from sparkdl.data.spark_errors import spark_data_errors
 from sparkdl.errors import ConfigurationError, DataError, SparkDLError
+from sparkdl.storage import spark_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -46,7 +47,7 @@ def _spark_uri(uri: str, fs: pafs.FileSystem, path: str) -> str:
     """The URI Spark (Hadoop) should write to for a pyarrow (fs, path)."""
     if isinstance(fs, pafs.LocalFileSystem):
         return "file://" + path
-    return uri
+    return spark_uri(uri)
 
 
 def _sibling(uri: str, path: str, tag: str) -> tuple[str, str]:

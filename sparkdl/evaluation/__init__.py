@@ -10,6 +10,7 @@ EvaluationBinary), one module each, and the registry ``evaluation.metrics`` name
 from sparkdl.evaluation.base import (
     BaseEvaluation,
     DataInfo,
+    check_spec,
     create_evaluation,
     evaluation_from_dict,
     parse_spec,
@@ -29,6 +30,7 @@ __all__ = [
     "ROCMultiClass",
     "RegressionEvaluation",
     "TopNAccuracy",
+    "check_spec",
     "create_evaluation",
     "evaluation_from_dict",
     "parse_spec",

@@ -23,6 +23,9 @@ class BaseEvaluation(ABC):
     """A mergeable evaluation: ``eval`` batches, ``merge`` parts, read ``stats()``."""
 
     kind: ClassVar[str]
+    #: Sizes a serialized form declares: key → (the list it sizes, the most it may declare
+    #: without that list). :func:`evaluation_from_dict` checks them before building.
+    sizes: ClassVar[dict[str, tuple[str, int]]] = {}
 
     @abstractmethod
     def eval(self, y_true: Any, y_pred: Any) -> BaseEvaluation:
@@ -120,6 +123,25 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     return kind, (argument.strip() if sep else None)
 
 
+# Label kinds a spec is tried against when no data is at hand: two classes, three classes, one
+# regression target. A spec that none of them takes has a bad argument (``top_n:0``).
+_NEUTRAL_INFOS = (DataInfo(["0", "1"]), DataInfo(["0", "1", "2"]), DataInfo(label_size=1))
+
+
+def check_spec(spec: str) -> None:
+    """Check ``spec`` without data: a known kind and an argument it takes
+    (:class:`ConfigurationError` naming the spec and what is wrong)."""
+    first: ConfigurationError | None = None
+    for info in _NEUTRAL_INFOS:
+        try:
+            create_evaluation(spec, info)
+            return
+        except ConfigurationError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
+
+
 def create_evaluation(spec: str, info: DataInfo) -> BaseEvaluation:
     """Build the evaluation ``spec`` names (``kind`` or ``kind:argument``) for data ``info``."""
     kind, argument = parse_spec(spec)
@@ -135,9 +157,32 @@ def evaluation_from_dict(data: dict[str, Any], *, source: str = "evaluation") ->
     if kind not in _CLASSES:
         raise DataError(f"{source}: unknown evaluation kind {kind!r}; known: {sorted(_CLASSES)}")
     try:
+        check_sizes(_CLASSES[kind], data)
         return _CLASSES[kind].from_dict(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DataError(f"{source}: not a {kind} evaluation: {exc!r}") from None
+    except KeyError as exc:
+        raise DataError(f"{source}: not a {kind} evaluation: no key {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{source}: not a {kind} evaluation: {exc}") from None
+
+
+def check_sizes(cls: type[BaseEvaluation], data: dict[str, Any]) -> None:
+    """Check the sizes a serialized ``cls`` declares before anything of that size is
+    allocated: each a positive integer, equal to the length of the list it sizes when that is
+    present, else within the class's limit; so a small file never asks for a large allocation
+    (``ValueError`` naming the key)."""
+    for key, (sized_by, limit) in cls.sizes.items():
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key!r} must be a positive integer, got {value!r}")
+        if sized_by in data:
+            present = data[sized_by]
+            length = len(present) if isinstance(present, list) else None
+            if length != value:
+                holds = f"{length} entries" if length is not None else type(present).__name__
+                raise ValueError(f"{key!r} is {value} but {sized_by!r} holds {holds}")
+        elif value > limit:
+            raise ValueError(f"{key!r} is {value}; more than {limit} needs the {sized_by!r} "
+                             f"it sizes")
 
 
 def positive_int(argument: str | None, default: int, what: str) -> int:

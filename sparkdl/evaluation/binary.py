@@ -7,7 +7,7 @@ State: true/false positive/negative counts per column; constant memory, exact me
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -28,6 +28,8 @@ def _binary(argument: str | None, info: DataInfo) -> EvaluationBinary:
 class EvaluationBinary(BaseEvaluation):
     """Per-column accuracy, precision, recall and F1 of ``score >= threshold`` against 0/1
     targets."""
+
+    sizes: ClassVar[dict[str, tuple[str, int]]] = {"num_columns": ("counts", 1_000_000)}
 
     def __init__(self, num_columns: int = 1, threshold: float = 0.5,
                  columns: Sequence[str] | None = None) -> None:

@@ -4,7 +4,7 @@ and its top-N accuracy)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -42,6 +42,8 @@ class Evaluation(BaseEvaluation):
     :meth:`merge`, and print :meth:`stats`. Rows of the confusion matrix are true classes,
     columns are predicted classes.
     """
+
+    sizes: ClassVar[dict[str, tuple[str, int]]] = {"num_classes": ("confusion", 10_000)}
 
     def __init__(self, num_classes: int, labels: Sequence[str] | None = None) -> None:
         if num_classes < 1:

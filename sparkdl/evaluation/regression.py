@@ -8,7 +8,7 @@ the sums of squared and absolute errors. Memory is constant in the number of row
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -28,6 +28,8 @@ def _regression(argument: str | None, info: DataInfo) -> RegressionEvaluation:
 class RegressionEvaluation(BaseEvaluation):
     """Per-column MSE, MAE, RMSE and R² (R² as scikit-learn's ``r2_score``: 1 for a perfect
     fit of constant targets, 0 for an imperfect one)."""
+
+    sizes: ClassVar[dict[str, tuple[str, int]]] = {"num_columns": ("mean", 1_000_000)}
 
     def __init__(self, num_columns: int = 1, columns: Sequence[str] | None = None) -> None:
         if num_columns < 1:

@@ -14,7 +14,7 @@ class whatever the data size, at the price of a binning error in the areas.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -208,6 +208,8 @@ class ROC(BaseEvaluation):
 @register("roc_multiclass", _roc_multiclass)
 class ROCMultiClass(BaseEvaluation):
     """One-vs-all ROC per class: AUROC and AUPRC of each class, and their macro averages."""
+
+    sizes: ClassVar[dict[str, tuple[str, int]]] = {"num_classes": ("per_class", 100_000)}
 
     def __init__(self, num_classes: int, steps: int | None = None,
                  labels: Sequence[str] | None = None) -> None:

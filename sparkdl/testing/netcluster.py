@@ -258,6 +258,31 @@ class NetCluster:
         self.rate, self.rate_bits = rate, bits
         self._save_state()
 
+    def remove_host(self, host: int) -> None:
+        """Lose host ``host`` for good: SIGKILL every process in its namespaces (the worker,
+        its executors and their Python workers), so the master and the drivers see it vanish
+        and no worker comes back (:meth:`restore_host` starts one again). The namespace and
+        its link stay until :meth:`down`."""
+        target = self.hosts[host]
+        listed = subprocess.run(["ip", "netns", "pids", target.netns], capture_output=True,
+                                text=True, timeout=30, check=False)
+        pids = [int(p) for p in listed.stdout.split() if p.isdigit()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + self.timeout_s
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        target.pid = None
+        self._save_state()
+
+    def restore_host(self, host: int) -> None:
+        """Start host ``host``'s worker again (after :meth:`remove_host`) and wait until it
+        registered."""
+        self._start_worker(self.hosts[host])
+        self._save_state()
+        self._wait_for_workers()
+
     @classmethod
     def attach(cls, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR) -> NetCluster:
         """The cluster recorded in ``state_dir`` (started by ``up``, e.g. from the CLI)."""

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.exchange import StepResult, Stopwatch, UpdateExchange
+from sparkdl.training.exchange import UpdateExchange
 from sparkdl.training.variables import FlatVariables
 
 
@@ -66,19 +66,23 @@ class ParameterAveragingExchange(UpdateExchange):
                 self.comm.allreduce(self.optimizer_state.read(), "mean")
             )
 
-    def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
-        watch = Stopwatch()
-        loss = float(self._train_step(x, y))
-        watch.lap("compute_s")
+    def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, bool]:
+        """A local optimizer step; nothing to share but the batch (for the score)."""
         self._since_average += 1
-        extra: dict[str, float] = {}
-        if self._since_average >= self.averaging_frequency:
-            self.average()
-            watch.lap("communicate_s")
-            if self.report_score_after_averaging:
-                extra["loss_after_averaging"] = float(self._loss_fn(x, y))
-                watch.lap("score_s")
-        return StepResult(loss=loss, timings=watch.timings, extra=extra)
+        return self._train_step(x, y), (x, y), True
+
+    def communicate(self, message: Any, step: int) -> Any:
+        """Every ``averaging_frequency`` local steps, average (then ``message`` is the batch
+        to score); otherwise nothing."""
+        if self._since_average < self.averaging_frequency:
+            return None
+        self.average()
+        return message
+
+    def apply(self, decoded: Any, step: int) -> dict[str, float]:
+        if decoded is None or not self.report_score_after_averaging:
+            return {}
+        return {"loss_after_averaging": float(self._loss_fn(*decoded))}
 
     def finish(self) -> None:
         if self._since_average:

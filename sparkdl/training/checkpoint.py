@@ -70,6 +70,8 @@ class TrainingState:
     step_in_epoch: int
     history: list[dict[str, float]] = field(default_factory=list)
     exchange_state: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 0  # the ranks that wrote it (0: not recorded, an older checkpoint)
+    steps_per_epoch: int = 0  # their plan's (an elastic relaunch may plan another)
 
 
 @dataclass

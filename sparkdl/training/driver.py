@@ -58,6 +58,7 @@ class FitOptions:
     resume: bool = False
     prefetch: int = 4
     decode_threads: int = 2
+    timeline: str | None = None
 
     def check(self) -> None:
         for name in ("epochs", "validation_freq", "validation_batch_size", "checkpoint_every",
@@ -90,6 +91,14 @@ class FitOptions:
                 )
         if self.resume and not self.checkpoint_dir:
             raise ConfigurationError("resume=True needs a checkpoint_dir to resume from")
+        if self.timeline is not None:
+            if not isinstance(self.timeline, str) or not self.timeline.strip():
+                raise ConfigurationError(
+                    f"timeline must be a directory URI, got {self.timeline!r}"
+                )
+            from sparkdl.storage import resolve
+
+            resolve(self.timeline)  # an unknown filesystem fails here, naming the URI
 
 
 def run_fit(
@@ -125,6 +134,7 @@ def run_fit(
         custom_objects=custom_objects, threads=launcher.threads_per_worker,
         shuffle=options.shuffle, checkpoint=checkpoint, initial_epoch=options.initial_epoch,
         validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
+        timeline=options.timeline,
     )
     if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
         log_every = max(1, spec.steps_per_epoch // 20) if verbose == 1 else 0
@@ -155,7 +165,20 @@ def run_fit(
     final = model_from_bytes(results[0].model_bytes, custom_objects)
     for result in results:
         result.model_bytes = None
-    history.metrics = summarize_fit(results, master, spec.steps_per_epoch, wall)
+    elastic = getattr(launcher, "elastic", None) is not None
+    events = [e.to_dict() for e in getattr(launcher, "elastic_events", [])]
+    steps_per_epoch = spec.steps_per_epoch
+    if len(results) != len(spec.slices):  # an elastic fit ended with another world size
+        from sparkdl.training.elastic import replan
+
+        steps_per_epoch = replan(spec, len(results)).steps_per_epoch
+    history.metrics = summarize_fit(results, master, steps_per_epoch, wall)
+    if elastic:
+        history.metrics["elastic_events"] = events
+        for event in events:
+            log.warning("elastic fit: continued at epoch %d, step %d with %d workers instead "
+                        "of %d (%s)", event["epoch"], event["step"], event["to_workers"],
+                        event["from_workers"], event["cause"])
     history.workers = results
     driver.train_end(final)
     if history.metrics.get("resumed_from"):

@@ -87,6 +87,8 @@ class DriverLink(WorkerCallback):
             identical first, so the driver sees the model the workers hold).
     """
 
+    timeline_name = "event channel"
+
     def __init__(
         self, client: ChannelClient | None, *, log_every_steps: int = 0, send_weights: bool = False
     ) -> None:

@@ -69,6 +69,7 @@ class KerasFit:
         resume: bool = False,
         prefetch: int = 4,
         decode_threads: int = 2,
+        timeline: str | None = None,
     ) -> FitResult:
         """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
 
@@ -94,7 +95,10 @@ class KerasFit:
                 steps, ``checkpoint_unit="steps"``); a retried stage resumes from the latest
                 checkpoint, and ``resume=True`` continues a fit that was killed as a whole.
             prefetch, decode_threads: row groups each worker's reader decodes ahead, on how
-                many threads (the seeds' ``workerPrefetchNumBatches``).
+                many threads (DL4J's ``workerPrefetchNumBatches``).
+            timeline: a directory URI: every worker writes a Chrome trace of its steps there,
+                ``rank-<N>.json`` (see :mod:`sparkdl.training.timeline`); the files' URIs are
+                in ``history.metrics["timeline"]``.
         """
         from sparkdl.errors import ConfigurationError
         from sparkdl.training.driver import FitOptions, run_fit
@@ -103,13 +107,19 @@ class KerasFit:
             raise ConfigurationError(
                 f"fit() takes the URI of a shard directory, got {type(data).__name__}"
             )
+        from sparkdl.data.metadata import load_metadata
+        from sparkdl.training.model_check import check_model_fits_shards
+
+        for uri in (data, validation_data):  # on the driver, before any task starts
+            if isinstance(uri, str):
+                check_model_fits_shards(self.model, load_metadata(uri), uri)
         options = FitOptions(
             epochs=epochs, validation_data=validation_data, validation_freq=validation_freq,
             validation_batch_size=validation_batch_size, callbacks=callbacks, verbose=verbose,
             initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
             checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
-            decode_threads=decode_threads,
+            decode_threads=decode_threads, timeline=timeline,
         )
         history, self.model = run_fit(
             self.model, self.training_master, self._launcher(), data, options,

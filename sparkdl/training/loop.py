@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparkdl.errors import TrainingError
+from sparkdl.training import timeline
 
 if TYPE_CHECKING:  # this module imports no TensorFlow: the driver reads LoopResult
     from sparkdl.comm.communicator import Communicator
@@ -54,7 +55,10 @@ class LoopResult:
 
 
 class WorkerCallback:
-    """A hook of the worker loop; every rank runs the same list in the same order."""
+    """A hook of the worker loop; every rank runs the same list in the same order.
+
+    ``timeline_name`` names the callback's spans in the timeline (default: the class name).
+    """
 
     def on_train_begin(self, loop: TrainingLoop) -> None:
         """Before the first step (also after a resume)."""
@@ -132,22 +136,21 @@ class TrainingLoop:
         sent0, received0 = self.comm.counters.snapshot()
         started = time.perf_counter()
         first_global = self.global_step
-        for callback in self.callbacks:
-            callback.on_train_begin(self)
+        self._notify("on_train_begin")
         for epoch in range(self.start_epoch, self.epochs):
             if self.stop_training:
                 break
             if epoch == self.start_epoch + 1:
                 result.steady_bytes_sent = self.comm.counters.snapshot()[0]
-            logs = self._run_epoch(epoch)
-            result.history.append(logs)
-            result.epochs_run += 1
-            for callback in self.callbacks:
-                callback.on_epoch_end(self, epoch, logs)
+            with timeline.span("epoch", epoch=epoch):
+                logs = self._run_epoch(epoch)
+                result.history.append(logs)
+                result.epochs_run += 1
+                self._notify("on_epoch_end", epoch, logs)
         result.stopped_early = self.stop_training
-        self.exchange.finish()
-        for callback in self.callbacks:
-            callback.on_train_end(self)
+        with timeline.span("finish"):
+            self.exchange.finish()
+        self._notify("on_train_end")
         result.train_seconds = time.perf_counter() - started
         result.steps = self.global_step
         result.samples = (self.global_step - first_global) * self.batch_size * self.comm.world_size
@@ -166,44 +169,62 @@ class TrainingLoop:
         figures = _EpochFigures()
         self._epoch_loss, self._epoch_steps = 0.0, 0
         self.exchange.metrics.reset()
-        for callback in self.callbacks:
-            callback.on_epoch_begin(self, epoch)
+        self._notify("on_epoch_begin", epoch)
         iterator = iter(self.batches(epoch))
         skip = self.start_step if epoch == self.start_epoch else 0
         for _ in range(skip):
             next(iterator)
         for step in range(skip, self.steps_per_epoch):
-            wait_start = time.perf_counter()
-            try:
-                x, y = next(iterator)
-            except StopIteration:
-                raise TrainingError(
-                    f"worker {self.comm.rank} ran out of data at epoch {epoch}, step {step} of "
-                    f"{self.steps_per_epoch}"
-                ) from None
-            waited = time.perf_counter() - wait_start
-            self.exchange.metrics.build(x, y)
-            outcome = self.exchange.step(x, y, self.global_step)
-            self._check_finite(outcome, epoch, step)
-            figures.add_step(outcome, waited)
-            self._epoch_loss += outcome.loss
-            self._epoch_steps += 1
-            self.result.data_wait_seconds += waited
-            if steady:
-                _accumulate(self.result, outcome)
-            self.global_step += 1
-            for callback in self.callbacks:
-                callback.on_step_end(self, epoch, step, outcome)
+            with timeline.span("step", epoch=epoch, step=step, global_step=self.global_step):
+                self._run_step(iterator, figures, epoch, step, steady)
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-        self.exchange.end_epoch(epoch)
+        with timeline.span("end epoch"):
+            self.exchange.end_epoch(epoch)
         sent1, received1 = self.comm.counters.snapshot()
         figures.end(time.perf_counter() - epoch_start, sent1 - sent0, received1 - received0)
-        logs = figures.combine(self.comm, self.exchange, self.batch_size)
+        with timeline.span("epoch figures"):
+            logs = figures.combine(self.comm, self.exchange, self.batch_size)
         log.info("epoch %d: %s", epoch,
                  " - ".join(f"{k} {v:.4g}" for k, v in logs.items() if not k.endswith("_s")))
         return logs
+
+    def _run_step(self, iterator: Any, figures: _EpochFigures, epoch: int, step: int,
+              steady: bool) -> None:
+        wait_start = time.perf_counter()
+        try:
+            x, y = next(iterator)
+        except StopIteration:
+            raise TrainingError(
+                f"worker {self.comm.rank} ran out of data at epoch {epoch}, step {step} of "
+                f"{self.steps_per_epoch}"
+            ) from None
+        waited = time.perf_counter() - wait_start
+        timeline.record("data wait", wait_start, wait_start + waited)
+        self.exchange.metrics.build(x, y)
+        with timeline.span("exchange"):
+            outcome = self.exchange.step(x, y, self.global_step)
+        self._check_finite(outcome, epoch, step)
+        figures.add_step(outcome, waited)
+        self._epoch_loss += outcome.loss
+        self._epoch_steps += 1
+        self.result.data_wait_seconds += waited
+        if steady:
+            _accumulate(self.result, outcome)
+        self.global_step += 1
+        self._notify("on_step_end", epoch, step, outcome)
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        """Run ``hook`` of every callback in order; each one that overrides it is a span."""
+        for callback in self.callbacks:
+            method = getattr(callback, hook)
+            if getattr(type(callback), hook, None) is getattr(WorkerCallback, hook):
+                method(self, *args)
+                continue
+            name = getattr(callback, "timeline_name", None) or type(callback).__name__
+            with timeline.span(name, hook=hook):
+                method(self, *args)
 
     def _check_finite(self, outcome: StepResult, epoch: int, step: int) -> None:
         if math.isfinite(outcome.loss) and outcome.finite_update:

@@ -1,6 +1,6 @@
 """Training masters: which exchange algorithm the workers run, and its settings.
 
-They mirror the seeds' ``SharedTrainingMaster`` and ``ParameterAveragingTrainingMaster``; a
+They mirror DL4J's ``SharedTrainingMaster`` and ``ParameterAveragingTrainingMaster``; a
 ``DenseTrainingMaster`` is the allreduce baseline both are measured against. Masters are
 plain configuration: they round-trip through ``get_config``/``from_config`` and build their
 per-worker exchange only inside a worker (where TensorFlow is imported).

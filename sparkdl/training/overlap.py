@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkdl.errors import CommunicationError
+from sparkdl.training import timeline
 
 
 class InFlightExchange:
@@ -51,7 +52,9 @@ class InFlightExchange:
                 self._outcome = (True, job())
             except BaseException as exc:  # handed to the waiting thread
                 self._outcome = (False, exc)
-            self.busy_s = time.perf_counter() - started
+            finished = time.perf_counter()
+            self.busy_s = finished - started
+            timeline.record("overlapped exchange", started, finished)
 
         self._outcome = None
         self._thread = threading.Thread(target=run, name=self.name, daemon=True)

@@ -11,8 +11,7 @@ import tensorflow as tf
 from sparkdl.comm.communicator import Communicator
 from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.exchange import StepResult, Stopwatch, UpdateExchange
-from sparkdl.training.overlap import InFlightExchange, overlap_timeout
+from sparkdl.training.exchange import UpdateExchange
 
 
 class GradientSharingExchange(UpdateExchange):
@@ -20,22 +19,26 @@ class GradientSharingExchange(UpdateExchange):
     sends the elements that reach τ as ±τ, and applies the decoded sum of every worker's
     message — never its own unencoded update — so replicas stay bit-identical.
 
-    State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
-    ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and the decoded
-    sum not applied yet (``pending``; zeros after :meth:`finish`). The shared weights are the
-    model's weights after :meth:`finish`, saved with the model; :meth:`set_state` takes them
-    from the model.
+    The template's hooks: :meth:`compute_update` runs the optimizer on the batch's gradient
+    and takes its update back out of the weights in the same graph (the model's weights stay
+    the shared weights W between steps); :meth:`encode` adds it to the residual and encodes;
+    :meth:`communicate` allgathers the frames; :meth:`decode` sums them (as ``(index,
+    value)`` pairs when every frame is sparse, so the cost follows the entries, not the model);
+    :meth:`apply` adds the sum to W and the model's weights (a scatter of the entries, or one
+    dense pass for bitmap frames).
 
-    With ``overlap`` (``training.overlap``) step t's message is encoded, exchanged and decoded
-    on a background thread (:class:`~sparkdl.training.overlap.InFlightExchange`) while step
-    t+1 computes its gradient; step t+1 then waits for that decoded sum and applies it to the
-    shared weights *before* its optimizer update. So the gradient of step t+1 is computed on
-    weights holding the decoded sums up to step t-1 (staleness exactly one step), and every
-    rank applies the same sums at the same steps: replicas stay bit-identical. The exchange is
-    drained (its sum applied) by :meth:`finish`, :meth:`end_epoch` and before
-    :meth:`get_state`, so checkpoints, validation and the epoch's collectives see one
-    consistent state and use the communicator alone; the first step after a drain computes on
-    fully updated weights.
+    State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
+    ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and
+    ``pending``, a decoded sum not applied yet (zeros: every sum is applied within its step
+    or by the drain; a non-zero one from an older checkpoint is applied by
+    :meth:`set_state`). The shared weights are the model's weights, saved with the model.
+
+    With ``overlap`` (``training.overlap``) step t's frames travel on a background thread
+    while step t+1 computes its update; step t+1 then decodes and applies step t's sum and
+    sends its own message. So the gradient of step t+1 is computed on weights holding the
+    decoded sums up to step t-1 (staleness exactly one step), and every rank applies the same
+    sums at the same steps: replicas stay bit-identical. The exchange is drained by
+    :meth:`finish`, :meth:`end_epoch` and before :meth:`get_state`.
     """
 
     def __init__(
@@ -46,114 +49,139 @@ class GradientSharingExchange(UpdateExchange):
         *,
         overlap: bool = False,
     ) -> None:
-        super().__init__(model, comm)
+        super().__init__(model, comm, overlap=overlap)
         self.compressor = compressor
-        self.overlap = bool(overlap)
-        self._in_flight = InFlightExchange(overlap_timeout(comm)) if self.overlap else None
-        # The shared weights W, identical on every worker. The model's variables hold
-        # W + (this worker's local update) between steps; the next step resets them to
-        # W + (decoded sum), so a worker never keeps its own unencoded update.
+        # The shared weights W, identical on every worker and equal to the model's weights
+        # between steps (the update graph takes each local update back out of them).
         self._shared = [
             tf.Variable(v, trainable=False, name=f"shared_{i}")
             for i, v in enumerate(model.trainable_variables)
         ]
-        # Device encoder: the update stays a tensor on the model's device, and a sparse
-        # decoded sum goes back to the device as (index, value) pairs.
+        # Device encoder: the update stays a tensor on the model's device.
         self._on_device = compressor.memory.on_device
         self._device = compressor.memory.device
-        # Host double buffer of the decoded sum; ``_pending`` is what the next step applies
-        # (the host buffer itself, or a device tensor built from it).
-        self._pending_host = np.zeros(self.trainable.size, dtype=np.float32)
-        self._sum = np.zeros(self.trainable.size, dtype=np.float32)
-        self._pending: np.ndarray | tf.Tensor = self._pending_host
-        self._step_fn = tf.function(self._step_graph, reduce_retracing=True)
-        self._flush_fn = tf.function(self._flush_graph, reduce_retracing=True)
-        self._scatter_fn = tf.function(self._scatter_graph, reduce_retracing=True)
-        self._gradients_fn = tf.function(self._gradients_graph, reduce_retracing=True)
+        n = self.trainable.size
+        self._pending_host = np.zeros(n, dtype=np.float32)  # checkpoint compatibility: zeros
+        self._scratch = np.zeros(n, dtype=np.float32)  # zeros between sparse decodes
+        self._sum = np.zeros(n, dtype=np.float32)  # the dense sum of bitmap frames
         self._update_fn = tf.function(self._update_graph, reduce_retracing=True)
+        self._add_dense_fn = tf.function(self._add_dense_graph, reduce_retracing=True)
+        self._add_sparse_fn = tf.function(
+            self._add_sparse_graph,
+            input_signature=[
+                tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([None], tf.float32),
+                tf.TensorSpec([len(self._shared) + 1], tf.int64),
+            ],
+        )
         self.last_stats = None
 
-    def _apply_shared_sum(self, total: tf.Tensor) -> None:
-        """W ← W + total; the model's variables ← W (one pass, same bits on every worker)."""
+    # Graphs -----------------------------------------------------------------------------
+
+    def _update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
+        """The optimizer's update of this batch (one flat vector, or one piece per variable
+        with ``flat=False``) and whether it is finite; the weights are W again afterwards
+        (``u = v - w``, then ``v`` shares ``w``'s buffer until the next optimizer step)."""
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss = self._loss(x, y)
+        grads = tape.gradient(loss, variables)
+        self.model.optimizer.apply(grads, variables)
+        pieces = []
+        for variable, shared in zip(variables, self._shared):
+            pieces.append(variable - shared)
+            variable.assign(shared)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
+        if flat:
+            return loss, tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0), finite
+        return loss, pieces, finite
+
+    def _add_dense_graph(self, total: tf.Tensor) -> None:
+        """W ← W + total; the model's variables ← W (same bits on every worker)."""
         for variable, shared, piece in zip(
             self.model.trainable_variables, self._shared, self.trainable.split(total)
         ):
             shared.assign_add(piece)
             variable.assign(shared)
 
-    def _step_graph(self, x: tf.Tensor, y: tf.Tensor, previous_sum: tf.Tensor):
-        """Apply the previous step's decoded sum, then run the optimizer locally and return
-        its update as one flat vector."""
-        self._apply_shared_sum(previous_sum)
-        variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            loss = self._loss(x, y)
-        grads = tape.gradient(loss, variables)
-        self.model.optimizer.apply(grads, variables)
-        update = tf.concat(
-            [tf.reshape(v - w, [-1]) for v, w in zip(variables, self._shared)], axis=0
+    def _add_sparse_graph(self, index: tf.Tensor, values: tf.Tensor, bounds: tf.Tensor) -> None:
+        """W and the model's variables (equal) += the sum's entries (flat ``index``,
+        ascending; variable i's are ``index[bounds[i]:bounds[i + 1]]``). A scatter into a new
+        tensor, not into the variable: TensorFlow's sparse variable ops switch a variable to
+        copy-on-read, and every later dense read of it would copy it."""
+        for i, (variable, shared, offset) in enumerate(
+            zip(self.model.trainable_variables, self._shared, self.trainable.offsets)
+        ):
+            start, stop = bounds[i], bounds[i + 1]
+            current = shared.read_value()
+
+            def scatter(current=current, start=start, stop=stop, offset=offset):
+                local = index[start:stop] - offset
+                flat = tf.reshape(current, [-1])
+                return tf.reshape(
+                    tf.tensor_scatter_nd_add(flat, local[:, None], values[start:stop]),
+                    tf.shape(current),
+                )
+
+            total = tf.cond(stop > start, scatter, lambda current=current: current)
+            shared.assign(total)
+            variable.assign(total)
+
+    def _placement(self) -> Any:
+        return tf.device(self._device) if self._device else contextlib.nullcontext()
+
+    # The template's hooks ---------------------------------------------------------------
+
+    def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, Any]:
+        # the device encoder takes the flat tensor; the host encoder the pieces, as read-only
+        # numpy views of the tensors (no copy, no concatenation)
+        loss, update, finite = self._update_fn(x, y, self._on_device)
+        if not self._on_device:
+            update = [np.asarray(piece) for piece in update]
+        return loss, update, finite
+
+    def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
+        return self.compressor.compress(update, step)
+
+    def communicate(self, message: tuple[bytes, Any], step: int) -> Any:
+        frame, stats = message
+        return frame, self.comm.allgather(frame), stats
+
+    def decode(self, received: Any, step: int) -> Any:
+        frame, frames, stats = received
+        sparse = self.compressor.decompress_sparse_sum(frames, step, self._scratch)
+        if sparse is None:
+            self.compressor.decompress_sum(frames, step, out=self._sum)
+        return sparse, frame, frames, stats
+
+    def apply(self, decoded: Any, step: int) -> dict[str, float]:
+        sparse, frame, frames, stats = decoded
+        with self._placement():
+            if sparse is None:
+                self._add_dense_fn(self._sum)
+            else:
+                self._add_sparse(*sparse)
+        self.last_stats = stats
+        return {
+            "tau": float(stats.tau),
+            "sparsity": float(stats.sparsity),
+            "bitmap": float(stats.encoding == "bitmap"),
+            "frame_bytes": float(len(frame)),
+            "received_bytes": float(sum(len(f) for f in frames) - len(frame)),
+        }
+
+    def _add_sparse(self, index: np.ndarray, values: np.ndarray) -> None:
+        bounds = np.searchsorted(index, self.trainable.offsets).astype(np.int64)
+        self._add_sparse_fn(
+            tf.constant(index, tf.int64), tf.constant(values), tf.constant(bounds)
         )
-        return loss, update, tf.reduce_all(tf.math.is_finite(update))
 
-    def _gradients_graph(self, x: tf.Tensor, y: tf.Tensor):
-        """Overlap, first half: the loss and gradients at the model's weights (= W)."""
-        variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            loss = self._loss(x, y)
-        grads = tape.gradient(loss, variables)
-        return loss, [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
-
-    def _update_graph(self, grads: list[tf.Tensor], previous_sum: tf.Tensor):
-        """Overlap, second half: apply the previous step's decoded sum, run the optimizer on
-        the gradients, return its update and leave the model's weights at W again (the
-        next gradient is computed on the shared weights, never on a local update)."""
-        self._apply_shared_sum(previous_sum)
-        variables = self.model.trainable_variables
-        self.model.optimizer.apply(grads, variables)
-        update = tf.concat(
-            [tf.reshape(v - w, [-1]) for v, w in zip(variables, self._shared)], axis=0
-        )
-        for variable, shared in zip(variables, self._shared):
-            variable.assign(shared)
-        return update, tf.reduce_all(tf.math.is_finite(update))
-
-    def _flush_graph(self, previous_sum: tf.Tensor) -> None:
-        self._apply_shared_sum(previous_sum)
-
-    def _scatter_graph(self, index: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-        return tf.scatter_nd(index[:, None], values, [self.trainable.size])
-
-    def _to_device(self, total: np.ndarray) -> np.ndarray | tf.Tensor:
-        """The decoded sum for the device: its non-zeros scattered into zeros on the device
-        when that moves fewer bytes, else the dense host vector. Bit-identical to the dense
-        vector: the host sum has no ``-0.0`` (it starts at ``+0.0`` and only adds ``±tau``),
-        so its zeros are exactly the ``+0.0`` that ``scatter_nd`` fills in."""
-        index = np.flatnonzero(total)
-        if 2 * index.size >= total.size:
-            return total
-        with tf.device(self._device) if self._device else contextlib.nullcontext():
-            return self._scatter_fn(index.astype(np.int32), total[index])
-
-    def _drain(self) -> None:
-        """Overlap: wait for the exchange in flight and make its decoded sum the pending one."""
-        if self._in_flight is not None and self._in_flight.in_flight:
-            self._receive(self._in_flight.wait())
-
-    def flush(self) -> None:
-        """Apply the pending decoded sum now (before anything reads the weights)."""
-        self._drain()
-        self._flush_fn(self._pending)
-        self._pending_host[:] = 0.0
-        self._pending = self._pending_host
-
-    def end_epoch(self, epoch: int) -> None:
-        self.flush()
-        super().end_epoch(epoch)
+    # State ------------------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        self._drain()
+        state = super().get_state()  # drains: every decoded sum is applied
         return {
-            **super().get_state(),
+            **state,
             **prefixed("compressor", self.compressor.get_state()),
             "pending": self._pending_host.copy(),
         }
@@ -171,74 +199,7 @@ class GradientSharingExchange(UpdateExchange):
         self.compressor.set_state(compressor)
         for shared, variable in zip(self._shared, self.model.trainable_variables):
             shared.assign(variable)
-        self._pending_host[:] = pending
-        self._pending = (
-            self._to_device(self._pending_host) if self._on_device else self._pending_host
-        )
+        if pending.any():  # an older checkpoint's sum, due before the next gradient
+            with self._placement():
+                self._add_dense_fn(pending)
 
-    def finish(self) -> None:
-        self.flush()
-
-    def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
-        if self.overlap:
-            return self._overlapped_step(x, y, step)
-        watch = Stopwatch()
-        loss, update, finite = self._step_fn(x, y, self._pending)
-        if not bool(finite):
-            return StepResult(loss=float(loss), finite_update=False)
-        if not self._on_device:
-            update = update.numpy()  # the host encoder needs the whole update on the host
-        watch.lap("compute_s")
-        frame, stats = self.compressor.compress(update, step)
-        watch.lap("encode_s")
-        frames = self.comm.allgather(frame)
-        watch.lap("communicate_s")
-        total = self.compressor.decompress_sum(frames, step, out=self._sum)
-        watch.lap("decode_s")
-        return StepResult(loss=float(loss), timings=watch.timings,
-                          extra=self._receive((total, frame, frames, stats)))
-
-    def _overlapped_step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
-        """Gradient of this step while the previous step's message travels; then apply the
-        previous decoded sum, update, and send this step's message in the background."""
-        watch = Stopwatch()
-        loss, grads = self._gradients_fn(x, y)
-        watch.lap("compute_s")
-        extra: dict[str, float] = {}
-        if self._in_flight is not None and self._in_flight.in_flight:
-            extra = self._receive(self._in_flight.wait())
-            extra["exchange_s"] = self._in_flight.busy_s
-        watch.lap("communicate_s")  # only the part the gradient did not hide
-        update, finite = self._update_fn(grads, self._pending)
-        if not bool(finite):
-            return StepResult(loss=float(loss), finite_update=False)
-        self._pending_host[:] = 0.0  # applied; the next sum comes from the exchange
-        self._pending = self._pending_host
-        if not self._on_device:
-            update = update.numpy()
-        watch.lap("apply_s")
-        out = self._sum
-
-        def exchange() -> tuple[np.ndarray, bytes, list[bytes], Any]:
-            frame, stats = self.compressor.compress(update, step)
-            frames = self.comm.allgather(frame)
-            return self.compressor.decompress_sum(frames, step, out=out), frame, frames, stats
-
-        assert self._in_flight is not None
-        self._in_flight.submit(exchange)
-        return StepResult(loss=float(loss), timings=watch.timings, extra=extra)
-
-    def _receive(self, received: tuple[np.ndarray, bytes, list[bytes], Any]) -> dict[str, float]:
-        """Make an exchange's decoded sum the pending one; returns its step figures."""
-        total, frame, frames, stats = received
-        # double buffer: the step function has finished with the previous pending sum
-        self._pending_host, self._sum = total, self._pending_host
-        self._pending = self._to_device(total) if self._on_device else total
-        self.last_stats = stats
-        return {
-            "tau": float(stats.tau),
-            "sparsity": float(stats.sparsity),
-            "bitmap": float(stats.encoding == "bitmap"),
-            "frame_bytes": float(len(frame)),
-            "received_bytes": float(sum(len(f) for f in frames) - len(frame)),
-        }

@@ -21,6 +21,7 @@ class WorkerResult:
     started_at: float
     resumed_from: str | None = None
     executor_address: str = "local"
+    timeline: str | None = None  # URI of this rank's Chrome trace
     model_bytes: bytes | None = field(default=None, repr=False)  # rank 0 only
 
 
@@ -77,6 +78,8 @@ def summarize_fit(
         "step_timings_s": timings,
         "step_stats": extras,
     }
+    if any(r.timeline for r in results):
+        metrics["timeline"] = [r.timeline for r in results if r.timeline]
     if "accuracy" in last:
         metrics["final_train_accuracy"] = last["accuracy"]
     # After the first epoch: adaptive thresholds have settled (and tracing is over).

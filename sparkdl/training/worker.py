@@ -67,6 +67,7 @@ class WorkerSpec:
     events: EventsSpec | None = None
     prefetch: int = 4
     decode_threads: int = 2
+    timeline: str | None = None  # URI: write a Chrome trace per rank there
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,6 +148,8 @@ class Checkpointing(WorkerCallback):
     """Every rank stages its own state and rank 0 publishes the checkpoint when
     ``policy.due`` says so (every N epochs or steps)."""
 
+    timeline_name = "checkpoint"
+
     def __init__(self, policy: Any, store: Any, run_id: str) -> None:
         self.policy = policy
         self.store = store
@@ -173,14 +176,24 @@ class Checkpointing(WorkerCallback):
         if comm.rank != 0:
             return
         state = TrainingState(self.run_id, global_step, epoch, step, list(loop.history),
-                              _exchange_state(exchange))
+                              _exchange_state(exchange), world_size=comm.world_size,
+                              steps_per_epoch=loop.steps_per_epoch)
         path = self.store.save(state, model_to_bytes(exchange.model), keep=self.policy.keep)
         log.info("checkpoint %s written (epoch %d, step %d)", path, epoch, step)
+
+
+class WorldSize(WorkerCallback):
+    """An elastic fit's per-epoch ``workers`` figure: how many ranks trained the epoch."""
+
+    def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
+        logs["workers"] = loop.comm.world_size
 
 
 class Validation(WorkerCallback):
     """Evaluate the validation shards at the end of every ``freq``-th epoch: each rank reads
     its share of the files, then loss and compiled metrics are combined exactly."""
+
+    timeline_name = "validation"
 
     def __init__(self, spec: ValidationSpec) -> None:
         from sparkdl.data.metadata import ShardMetadata
@@ -218,7 +231,30 @@ def run_worker(
     """Train on this worker's slice; returns its measurements (rank 0 adds the model).
 
     ``secret`` authenticates rank 0's event channel to the driver (``spec.events``).
+    With ``spec.timeline`` it records the fit (see :mod:`sparkdl.training.timeline`) and
+    writes the trace at the end, also when the fit fails.
     """
+    if not spec.timeline:
+        return _run_worker(spec, comm, secret)
+    from sparkdl.training.timeline import Timeline, TracedCommunicator, recording
+
+    recorder = Timeline(comm.rank)
+    written: str | None = None
+    try:
+        with recording(recorder):
+            result = _run_worker(spec, TracedCommunicator(comm), secret)
+    finally:
+        try:
+            written = recorder.write(spec.timeline)
+            log.info("worker %d: timeline written to %s", comm.rank, written)
+        except Exception as exc:  # never hide the fit's own outcome
+            log.warning("worker %d: could not write the timeline to %s: %s",
+                        comm.rank, spec.timeline, exc)
+    result.timeline = written
+    return result
+
+
+def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> WorkerResult:
     import keras
 
     started_at = time.time()
@@ -239,8 +275,10 @@ def run_worker(
         store.check_failure()
         resumed = store.latest(run_id)
     start = resumed.state if resumed else TrainingState(run_id, 0, spec.initial_epoch, 0)
+    if resumed and start.steps_per_epoch not in (0, spec.steps_per_epoch):
+        start = _replanned_position(start, spec.steps_per_epoch)
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
-    keras.utils.set_random_seed(master.seed + comm.rank + 7919 * start.global_step)
+    keras.utils.set_random_seed((master.seed + comm.rank + 7919 * start.global_step) % 2**32)
     model = model_from_bytes(
         resumed.model_bytes if resumed else spec.model_bytes, spec.custom_objects
     )
@@ -252,7 +290,7 @@ def run_worker(
     metadata = ShardMetadata.from_json(spec.metadata_json)
     exchange = master.create_exchange(model, comm, job_id=spec.job_id)
     if resumed:
-        _restore_exchange_state(exchange, resumed.worker_state(store, comm.rank), comm.rank)
+        _restore_exchange_state(exchange, _saved_states(resumed, store, comm), comm.rank)
     callbacks = _worker_callbacks(spec, comm, secret, policy, store, run_id)
     reader = ShardReader(
         spec.data_uri,
@@ -312,6 +350,8 @@ def _worker_callbacks(
     """The worker loop's callbacks, in order: validation adds ``val_*`` to an epoch's figures
     before the driver sees them; checkpoints come last (they hold the driver's decisions)."""
     callbacks: list[WorkerCallback] = []
+    if spec.extra.get("elastic"):
+        callbacks.append(WorldSize())
     if spec.validation is not None:
         callbacks.append(Validation(spec.validation))
     if spec.events is not None:
@@ -349,21 +389,58 @@ def _worker_state(exchange: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _restore_worker_state(exchange: Any, data: bytes) -> None:
-    """``exchange.set_state`` from :func:`_worker_state` bytes (0-d arrays back to numbers)."""
+def _decode_worker_state(data: bytes) -> dict[str, Any]:
+    """:func:`_worker_state` bytes back to a state dict (0-d arrays back to numbers)."""
     import io
 
     with np.load(io.BytesIO(data), allow_pickle=False) as saved:
         state = {key: saved[key] for key in saved.files}
-    exchange.set_state(
-        {key: value.item() if value.ndim == 0 else value for key, value in state.items()}
-    )
+    return {key: value.item() if value.ndim == 0 else value for key, value in state.items()}
 
 
-def _restore_exchange_state(exchange: Any, data: bytes | None, rank: int) -> None:
-    """Give this rank its own saved exchange state back (``data`` from the checkpoint's
-    ``workers/rank-N``); a checkpoint without it resumes with rank 0's optimizer state from
-    the model file and a fresh residual and threshold, with a warning."""
+def _saved_states(resumed: Any, store: Any, comm: Communicator) -> list[bytes] | None:
+    """The saved exchange states this rank resumes from: its own, plus, when the checkpoint
+    was written by more ranks than there are now (an elastic relaunch), those of the lost
+    ranks it absorbs (:func:`sparkdl.training.elastic.absorbed_ranks`). ``None`` when its
+    own was not saved."""
+    from sparkdl.training.elastic import absorbed_ranks
+
+    old_world = resumed.state.world_size
+    if old_world <= comm.world_size:
+        data = resumed.worker_state(store, comm.rank)
+        return None if data is None else [data]
+    states = [resumed.worker_state(store, r)
+              for r in absorbed_ranks(comm.rank, old_world, comm.world_size)]
+    if any(data is None for data in states):
+        raise TrainingError(
+            f"worker {comm.rank}: checkpoint {resumed.path} lacks the state of a rank of its "
+            f"{old_world} ranks, so their residuals cannot be folded into {comm.world_size}"
+        )
+    log.warning("worker %d absorbs ranks %s of the %d that wrote checkpoint %s", comm.rank,
+                absorbed_ranks(comm.rank, old_world, comm.world_size)[1:], old_world,
+                resumed.path)
+    return states  # type: ignore[return-value]
+
+
+def _replanned_position(start: Any, steps_per_epoch: int) -> Any:
+    """``start`` under a plan of ``steps_per_epoch`` (an elastic relaunch with another world
+    size): the same epoch, the same fraction of it, the global step counted anew."""
+    import dataclasses
+
+    from sparkdl.training.elastic import resume_step
+
+    step = resume_step(start.step_in_epoch, start.steps_per_epoch, steps_per_epoch)
+    return dataclasses.replace(start, step_in_epoch=step, steps_per_epoch=steps_per_epoch,
+                               global_step=start.epoch * steps_per_epoch + step)
+
+
+def _restore_exchange_state(exchange: Any, data: list[bytes] | None, rank: int) -> None:
+    """Give this rank its own saved exchange state back (``data``: the checkpoint's
+    ``workers/rank-N``, then those of the lost ranks it absorbs, whose residuals are folded
+    into its own); a checkpoint without it resumes with rank 0's optimizer state from the
+    model file and a fresh residual and threshold, with a warning."""
+    from sparkdl.training.elastic import fold_states
+
     if data is None:
         log.warning(
             "worker %d resumes without its own exchange state (none was saved): fresh "
@@ -371,6 +448,6 @@ def _restore_exchange_state(exchange: Any, data: bytes | None, rank: int) -> Non
         )
         return
     try:
-        _restore_worker_state(exchange, data)
+        exchange.set_state(fold_states([_decode_worker_state(d) for d in data]))
     except (SparkDLError, ValueError, KeyError) as exc:
         raise TrainingError(f"worker {rank}: cannot restore its checkpointed state: {exc}") from exc

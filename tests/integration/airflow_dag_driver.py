@@ -34,7 +34,8 @@ def main(dag_file: str, logical_date: str, run_conf: str, out: str) -> int:
             for row in session.scalars(XComModel.get_many(
                 run_id=run.run_id, dag_ids=dag.dag_id, key="return_value"))
         }
-    report = {"run_state": str(run.state), "task_order": [t.task_id for t in dag.topological_sort()]
+    report = {"run_id": run.run_id,
+              "run_state": str(run.state), "task_order": [t.task_id for t in dag.topological_sort()]
               if hasattr(dag, "topological_sort") else list(dag.task_ids),
               "states": states, "xcoms": xcoms}
     with open(out, "w") as handle:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,9 @@ def test_dag_runs_four_stages_and_pushes_their_json(tmp_path):
     report = json.loads(out.read_text())
     assert report["states"] == dict.fromkeys(STAGES, "success"), report
     assert report["run_state"].endswith("success"), report
-    run_dir = root / "2026-11-20"
+    # the run's own directory under its logical date (two runs of one date never share one)
+    run_dir = root / "2026-11-20" / re.sub(r"[^A-Za-z0-9._-]+", "_", report["run_id"]).strip(".")
+    assert [p.name for p in (root / "2026-11-20").iterdir()] == [run_dir.name]
     for stage in STAGES:  # each task's XCom is exactly the JSON its stage wrote
         assert report["xcoms"][stage] == json.loads((run_dir / f"{stage}.json").read_text())
     assert report["xcoms"]["evaluate"]["test_accuracy"] > 0.7

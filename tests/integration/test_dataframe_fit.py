@@ -134,3 +134,42 @@ def test_fingerprint_follows_the_plan_and_the_input_files(spark, tmp_path):
     local = spark.createDataFrame([(1.0,)], "x double")
     assert fingerprint(local) == fingerprint(local)
     assert fingerprint(local) != fingerprint(spark.createDataFrame([(1.0,)], "x double"))
+
+
+
+def _python_udf_division(frame):
+    """The user's own bad column: a Python UDF dividing by zero on every row."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType
+
+    divide = F.udf(lambda a, zero: a / zero, DoubleType())
+    return frame.withColumn("a", divide(F.col("a"), F.col("a") * 0))
+
+
+def _sql_division(frame):
+    """The same in SQL: ANSI mode (Spark 4's default) raises DIVIDE_BY_ZERO."""
+    from pyspark.sql import functions as F
+
+    return frame.withColumn("a", F.col("a") / (F.col("a") * 0))
+
+
+@pytest.mark.parametrize(("make_bad", "cause"), [
+    (_python_udf_division, "ZeroDivisionError: float division by zero"),
+    (_sql_division, "[DIVIDE_BY_ZERO] Division by zero"),
+], ids=["python-udf", "sql"])
+def test_a_failure_inside_the_users_dataframe_is_one_data_error_naming_its_cause(
+        spark, iris, tmp_path, make_bad, cause):
+    if make_bad is _sql_division and spark.conf.get("spark.sql.ansi.enabled") != "true":
+        pytest.skip("ANSI mode is off: SQL division by zero is NULL, not an error")
+    store = tmp_path / "store"
+    spark_model = SparkModel(spark, _classifier(4, 3), DenseTrainingMaster())
+    with pytest.raises(DataError) as raised:
+        spark_model.fit(make_bad(iris), features_col=["a", "b", "c", "d"], label_col="species",
+                        store=str(store), epochs=1)
+    message = str(raised.value)
+    assert message.startswith("fit(): the DataFrame failed on Spark: "), message
+    assert cause in message, message
+    assert "Traceback" not in message and "py4j" not in message.lower(), message
+    assert len(message.splitlines()) == 1, message
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    assert not store.exists() or _store_entries(store) == []  # nothing half-written

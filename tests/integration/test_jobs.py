@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from _startup import STARTUP_CHATTER
 
 from sparkdl.logs import TF_BANNER
 
@@ -50,10 +50,14 @@ def test_pipeline_job_default_conf(tmp_path):
     stderr_lines: list[str] = []
     drain = threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True)
     drain.start()
-    arrivals: list[tuple[float, str]] = []
+    # For each line: was the job still running, and had it saved the model yet, when the
+    # line was read? Proves streaming by order (the fit's epoch lines are read before the
+    # fit ends and its model is written), never by the clock.
+    arrivals: list[tuple[bool, str]] = []
     try:
         for line in proc.stdout:  # read as the job writes, not after it ended
-            arrivals.append((time.monotonic(), line.rstrip("\n")))
+            before_model = proc.poll() is None and not (out / "model.keras").exists()
+            arrivals.append((before_model, line.rstrip("\n")))
         proc.wait(timeout=400)
     finally:
         proc.kill()
@@ -63,10 +67,14 @@ def test_pipeline_job_default_conf(tmp_path):
     epochs = [(at, text) for at, text in arrivals if text.startswith("epoch ")]
     assert [text.split()[1] for _, text in epochs] == [f"{e}/12" for e in range(1, 13)], stdout
     assert "val_loss" in epochs[0][1] and "B/step" in epochs[0][1]
-    # printed as each epoch ended: 11 epochs of training lie between the first and last line
-    assert epochs[-1][0] - epochs[0][0] > 1.0, [at for at, _ in epochs]
+    # printed as each epoch ended: the first epoch's line was read while the job was still
+    # training, before it wrote model.keras (a job that printed its lines at the end fails)
+    assert epochs[0][0], "the first epoch line arrived only after the model was saved"
+    assert not arrivals[-1][0], "the result line came before the model was saved"
     banner = [line for line in [*stdout.splitlines(), *stderr_lines] if TF_BANNER.search(line)]
     assert len(banner) <= 2, banner
+    chatter = [line for line in stderr_lines if STARTUP_CHATTER.search(line)]
+    assert chatter == [], chatter  # the JVM's start-up lines (log4j notice, hostname, ...)
     result = json.loads(arrivals[-1][1])  # one JSON object, the last line
     assert result["model"] == str(out / "model.keras")
     assert json.loads((tmp_path / "result.json").read_text()) == result  # --json-out

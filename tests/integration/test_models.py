@@ -1,4 +1,4 @@
-"""The models the seeds use, trained on real local Spark (issue 14.4): the LeNet of
+"""The models DL4J's examples use, trained on real local Spark (issue 14.4): the LeNet of
 ``conf/mnist.yaml`` on IDX data through the mnist pipeline, and a functional (non-Sequential)
 Keras model in sharing and averaging modes."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -82,10 +81,9 @@ def test_store_round_trips_and_names_missing_ranks() -> None:
                 t.join(10)
             assert out == [[f"0-{round_}", f"1-{round_}"]] * 2
         lonely = store_exchange(server.address, 0, 2, key="other", secret=SECRET, timeout_s=0.5)
-        start = time.monotonic()
-        with pytest.raises(CommunicationError, match=r"ranks \[1\] did not join"):
+        # it gives up by its own 0.5 s bound (named), not the server's or pytest's
+        with pytest.raises(CommunicationError, match=r"ranks \[1\] did not join .* within 0\.5 s"):
             lonely("alone")
-        assert time.monotonic() - start < 3
 
 
 def test_store_rejects_wrong_secret_and_garbage() -> None:

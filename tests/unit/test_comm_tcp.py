@@ -137,23 +137,23 @@ def test_bad_parameters() -> None:
         connect_ring(0, 2, lambda s: [s], secret=b"short")
 
 
-def _desync(rank: int, world: int, exchange) -> float:
+def _desync(rank: int, world: int, exchange) -> str:
     comm = connect_ring(rank, world, exchange, secret=SECRET, timeout_s=5)
-    start = time.monotonic()
     try:
         if rank == 1:
             comm.allgather(b"hello")
         else:
             comm.allreduce(np.ones(100, np.float32))
-    except CommunicationError:
-        return time.monotonic() - start
+    except CommunicationError as exc:
+        return str(exc)
     raise AssertionError("no error")
 
 
 def test_desynchronized_ranks_fail_instead_of_mixing_data() -> None:
-    outcomes = run_ranks(_desync, 3, timeout=30)
-    for elapsed in values(outcomes):
-        assert elapsed < 4.0
+    messages = values(run_ranks(_desync, 3, timeout=30))
+    # found out by the frame headers (and the peers closing), never by waiting out the timeout
+    assert any("is out of step" in m for m in messages), messages
+    assert not any("not complete within" in m for m in messages), messages
 
 
 # Authentication ----------------------------------------------------------------------------
@@ -231,18 +231,16 @@ def test_silent_or_dead_peer_makes_every_rank_fail_within_the_timeout(how: str) 
     with RankGroup(allreduce_until_error, world, args=(timeout_s, 200_000, ready)) as group:
         assert ready.wait(30)
         time.sleep(0.2)
-        t0 = time.time()
         group.signal(victim, signal.SIGSTOP if how == "stopped" else signal.SIGKILL)
         others = [r for r in range(world) if r != victim]
         outcomes = values(group.results(timeout=timeout_s + 20, ranks=others))
         group.kill()
     messages = [msg for msg, _ in outcomes]
-    for msg, at in outcomes:
-        elapsed = at - t0
-        if how == "stopped":
-            assert elapsed <= timeout_s + 2.0, (elapsed, msg)
-        else:
-            assert elapsed <= 2.0, (elapsed, msg)
+    # every survivor failed (results() bounds the wait); a killed peer is found by its closed
+    # socket, a stopped one by the 3 s bound: told apart by the message, not the clock
+    assert len(messages) == world - 1, messages
+    if how == "killed":
+        assert not any("not complete within" in m for m in messages), messages
     victim_name = f"rank {victim} (127.0.0.1:"
     assert any(victim_name in m for m in messages), messages
     if how == "stopped":

@@ -190,3 +190,36 @@ def test_frame_decodes_to_the_encoded_update() -> None:
     out = np.zeros(n, np.float32)
     decode_into(header.encoding, payload, n, header.tau, out)
     assert np.array_equal(out + comp.residual, update)
+
+
+def test_sparse_sum_is_the_dense_sum_at_its_entries_and_leaves_the_scratch_zero() -> None:
+    rng = np.random.default_rng(4)
+    n, world = 5_000, 3
+    compressors = [ThresholdCompressor(n, FixedThreshold(1e-2), job_id=7, rank=rank)
+                   for rank in range(world)]
+    scratch = np.zeros(n, np.float32)
+    kinds = set()
+    for step, scale in enumerate([4e-3, 4e-3, 1.0]):  # the last step's frames are bitmaps
+        frames = []
+        for comp in compressors:
+            frame, stats = comp.compress((rng.standard_normal(n) * scale).astype(np.float32),
+                                         step)
+            frames.append(frame)
+            kinds.add(stats.encoding)
+        dense = compressors[0].decompress_sum(frames, step)
+        sparse = compressors[0].decompress_sparse_sum(frames, step, scratch)
+        assert not scratch.any()
+        if stats.encoding == "bitmap":
+            assert sparse is None
+            continue
+        index, values = sparse
+        assert np.all(np.diff(index) > 0)
+        rebuilt = np.zeros(n, np.float32)
+        rebuilt[index] = values
+        assert np.array_equal(rebuilt.view(np.int32), dense.view(np.int32))
+    assert kinds == {"sparse", "bitmap"}
+    first, _ = compressors[0].compress((rng.standard_normal(n) * 4e-3).astype(np.float32), 9)
+    second, _ = compressors[1].compress((rng.standard_normal(n) * 4e-3).astype(np.float32), 9)
+    with pytest.raises(CommunicationError):
+        compressors[0].decompress_sparse_sum([first, second[:-1]], 9, scratch)
+    assert not scratch.any()

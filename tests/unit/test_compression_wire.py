@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import struct
-import time
 import zlib
 
 import numpy as np
@@ -192,7 +191,6 @@ def _check(frame: bytes, counter: dict[str, int]) -> None:
 
 def test_fuzz_unpack_and_decode_only_raise_communication_error() -> None:
     rng = np.random.default_rng(2024)
-    started = time.perf_counter()
     bases = [
         pack_frame(encoded(d, seed=s), job_id=JOB, rank=s % 4, step=0)
         for s, d in enumerate([0.0, 0.01, 0.03, 0.06, 0.2, 0.5, 1.0])
@@ -288,7 +286,5 @@ def test_fuzz_unpack_and_decode_only_raise_communication_error() -> None:
             decode_into(int(rng.integers(0, 4)), payload, N, 1.0, out)  # type: ignore[arg-type]
         total += 1
 
-    elapsed = time.perf_counter() - started
     assert total >= 100_000, total
     assert counter["accepted"] > 0 and counter["rejected"] > 0
-    assert elapsed < 60, elapsed

@@ -98,3 +98,53 @@ def test_yaml_floats_without_a_dot_are_numbers(tmp_path):
     config = load_config(conf, ["cluster.timeout_s=1e2"])
     assert config.model.optimizer.learning_rate == 0.002
     assert config.training.threshold.initial == 1e-4 and config.cluster.timeout_s == 100.0
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("training.seed=4294967296", r"training\.seed: .*less than 4294967296"),
+        ("training.seed=-1", r"training\.seed: .*greater than or equal to 0"),
+        ("cluster.timeout_s=1e10", r"cluster\.timeout_s: .*less than or equal to"),
+        ("evaluation.metrics=[top_n:0]", r"evaluation\.metrics: .*top_n:0.*at least 1"),
+        ("evaluation.metrics=[roc:0]", r"evaluation\.metrics: .*roc:0.*at least 1"),
+        ("evaluation.metrics=[roc:abc]", r"evaluation\.metrics: .*roc:abc.*integer"),
+    ],
+)
+def test_values_that_would_fail_after_spark_starts_are_refused_when_loading(override, pattern):
+    with pytest.raises(ConfigurationError, match=pattern):
+        load_config(REPO / "conf" / "digits.yaml", [override])
+
+
+def test_an_empty_config_file_is_refused_naming_it(tmp_path):
+    for text in ("", "# nothing but a comment\n", "---\n"):
+        conf = tmp_path / "empty.yaml"
+        conf.write_text(text)
+        with pytest.raises(ConfigurationError, match=r"the config .*empty\.yaml is empty"):
+            load_config(conf)
+
+
+def test_an_explicitly_empty_mapping_means_every_default(tmp_path):
+    conf = tmp_path / "defaults.yaml"
+    conf.write_text("{}\n")
+    assert load_config(conf) == JobConfig()
+
+
+def test_a_duplicate_key_is_named_with_its_line(tmp_path):
+    conf = tmp_path / "dup.yaml"
+    conf.write_text("training:\n  epochs: 3\n  mode: dense\n  epochs: 5\n")
+    with pytest.raises(ConfigurationError,
+                       match=r"dup\.yaml: line 4: duplicate key 'epochs' \(first on line 2\)"):
+        load_config(conf)
+
+
+def test_a_duplicate_section_is_named_with_its_line(tmp_path):
+    conf = tmp_path / "dup.yaml"
+    conf.write_text("training:\n  epochs: 3\noutput:\n  dir: a\ntraining:\n  mode: dense\n")
+    with pytest.raises(ConfigurationError, match=r"line 5: duplicate key 'training'"):
+        load_config(conf)
+
+
+def test_a_duplicate_key_in_an_override_value_is_named():
+    with pytest.raises(ConfigurationError, match=r"--set model\.params: .*duplicate key 'a'"):
+        load_config(REPO / "conf" / "digits.yaml", ["model.params={a: 1, a: 2}"])

@@ -163,3 +163,44 @@ def test_bad_batches_name_the_problem():
         ROC().eval([0, 2], [0.1, 0.2])
     with pytest.raises(DataError, match="NaN"):
         ROC().eval([0, 1], [0.1, np.nan])
+
+
+HOSTILE = [  # a few hundred bytes each, asking for tens of GiB
+    ({"kind": "classification", "num_classes": 100_000}, "num_classes"),
+    ({"kind": "classification", "num_classes": 100_000, "confusion": [[1]]}, "num_classes"),
+    ({"kind": "regression", "num_columns": 10**10}, "num_columns"),
+    ({"kind": "regression", "num_columns": 10**10, "mean": [0.0]}, "num_columns"),
+    ({"kind": "binary", "num_columns": 10**10, "counts": [[0, 0, 0, 0]]}, "num_columns"),
+    ({"kind": "roc_multiclass", "num_classes": 10**8}, "num_classes"),
+]
+
+
+@pytest.mark.parametrize(("data", "key"), HOSTILE, ids=[d["kind"] + "-" + k for d, k in HOSTILE])
+def test_a_small_hostile_evaluation_json_is_refused_before_allocating(data, key):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=rf"evaluation\.json: .*'{key}'"):
+            evaluation_from_dict(data, source="run/evaluation.json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
+
+
+def test_the_report_refuses_a_hostile_evaluation_json_naming_it(tmp_path):
+    from sparkdl.report import build_report
+
+    (tmp_path / "metrics.json").write_text(json.dumps({"history": {"loss": [1.0]}}))
+    (tmp_path / "evaluation.json").write_text(json.dumps(HOSTILE[0][0]))
+    with pytest.raises(DataError, match=r"evaluation\.json.*'num_classes'"):
+        build_report(tmp_path)
+
+
+def test_a_serialized_evaluation_of_many_classes_still_loads():
+    from sparkdl.evaluation import Evaluation
+
+    big = Evaluation(300).eval(np.arange(300), np.arange(300))
+    again = evaluation_from_dict(json.loads(json.dumps(big.to_dict())))
+    assert again.accuracy() == 1.0 and again.num_classes == 300

@@ -95,6 +95,23 @@ def test_report_has_the_plots_and_headline_figures(tmp_path):
     assert "Confusion matrix" in page and "Not a sharing run" not in page
 
 
+def test_dollar_signs_in_class_and_metric_names_are_drawn_as_text(tmp_path):
+    """matplotlib reads ``$...$`` as mathtext; a user's names are plain text."""
+    write_run_dir(tmp_path)
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    names = ["$\\notacommand$", "cost $5 or $6", "$x^$", *map(str, range(3, 10))]
+    evaluation["labels"] = names
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    history = metrics["history"]
+    history["$\\bad{$"] = history["accuracy"]
+    history["val_$\\bad{$"] = history["val_accuracy"]
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    page = write_report(tmp_path).read_text()
+    assert len(_images(page)) == 8  # the metric's curve too
+    assert "Metric: $\\bad{$" in page and "cost $5 or $6" in page
+
+
 def test_report_of_an_averaging_run_before_evaluation(tmp_path):
     write_run_dir(tmp_path, mode="averaging", evaluate=False, validation_freq=2)
     page = build_report(tmp_path)

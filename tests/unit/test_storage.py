@@ -24,6 +24,56 @@ def test_resolve_local_and_file_uri(tmp_path: Path) -> None:
     assert storage.local_path("s3://bucket/a") is None
 
 
+def test_odd_directory_names_mean_the_same_directory_to_pyarrow_and_to_spark(
+        tmp_path: Path) -> None:
+    odd = tmp_path / "my runs%20 #1?x"
+    uri = storage.as_uri(str(odd))
+    assert storage.local_path(uri) == odd
+    assert storage.resolve(uri)[1] == str(odd)
+    assert storage.spark_uri(uri) == f"file://{odd}"  # Hadoop's Path reads it literally
+    assert storage.spark_uri(str(odd)) == f"file://{odd}"
+    assert storage.spark_uri("s3://bucket/my%20runs/a%23b") == "s3://bucket/my runs/a#b"
+
+
+def _spellings(path: Path) -> list[str]:
+    return [str(path), f"file:{path}", f"file://{path}", path.as_uri(), f"file://localhost{path}"]
+
+
+def test_every_spelling_of_a_local_directory_means_the_same_place(tmp_path: Path) -> None:
+    target = tmp_path / "d"
+    for spelling in _spellings(target):
+        assert storage.local_path(spelling) == target, spelling
+        assert storage.as_uri(spelling) == target.as_uri(), spelling
+        fs, path = storage.resolve(spelling)
+        assert (fs.type_name, path) == ("local", str(target)), spelling
+    assert storage.as_uri("s3://bucket/a") == "s3://bucket/a"
+
+
+def test_output_dir_and_data_dir_read_file_uris_alike(tmp_path: Path, monkeypatch) -> None:
+    from sparkdl.config import load_config
+    from sparkdl.preflight import preflight
+    from sparkdl.stages import shard_uris
+
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "run"
+    for spelling in _spellings(target):
+        config = load_config(data={"data": {"dir": spelling}, "output": {"dir": spelling}})
+        assert shard_uris(config) == (f"{target.as_uri()}/train", f"{target.as_uri()}/test")
+        preflight(config, "evaluate")
+        with RunOutput(config.output.dir) as out:
+            assert out.dir == target, spelling
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no ./file:/... directory
+
+
+def test_a_config_file_is_found_by_any_spelling(tmp_path: Path) -> None:
+    from sparkdl.config import load_config
+
+    conf = tmp_path / "job.yaml"
+    conf.write_text("training:\n  epochs: 3\n")
+    for spelling in _spellings(conf):
+        assert load_config(spelling).training.epochs == 3, spelling
+
+
 def test_unknown_scheme_names_the_uri() -> None:
     with pytest.raises(DataError, match=r"nosuchscheme://x/y"):
         storage.resolve("nosuchscheme://x/y")
@@ -76,8 +126,8 @@ def test_run_output_on_s3_publishes_marker_last(s3_bucket: str) -> None:
     uri = f"{s3_bucket}/runs/r1"
     with RunOutput(uri) as out:
         assert out.remote and out.dir.name == "r1"
-        (out.dir / "metrics.json").write_text('{"a": 1}')
-        out.publish("metrics.json")
+        (out.staging / "metrics.json").write_text('{"a": 1}')
+        out.publish_unit(["metrics.json"])
         assert out.location("metrics.json") == f"{uri}/metrics.json"
         preds = out.dir / "predictions"
         preds.mkdir()
@@ -166,3 +216,15 @@ def test_shards_on_s3_read_by_sparkdls_reader(s3_bucket: str, tmp_path: Path) ->
     lx, ly = read_all(local)
     np.testing.assert_array_equal(x, lx)
     np.testing.assert_array_equal(y, ly)
+
+
+def test_a_failed_upload_leaves_no_temporary_file(tmp_path: Path) -> None:
+    source = tmp_path / "model.keras"
+    source.write_bytes(b"weights")
+    dest = tmp_path / "out"
+    (dest / "model.keras").mkdir(parents=True)  # a directory where the file should go
+    (dest / "model.keras" / "keep").write_text("user's")
+    with pytest.raises(DataError, match=r"cannot write .*out/model\.keras"):
+        storage.upload(source, str(dest / "model.keras"))
+    assert sorted(p.name for p in dest.iterdir()) == ["model.keras"]
+    assert sorted(p.name for p in (dest / "model.keras").iterdir()) == ["keep"]

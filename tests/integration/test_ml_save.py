@@ -1,0 +1,55 @@
+"""KerasModel.write().overwrite().save(path): the old stage stays whole until the new one is."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _frame_fixtures import classifier
+
+pytestmark = pytest.mark.spark
+
+
+def _unsavable(num_inputs: int):
+    """A compiled model whose serialization fails half-way (a layer's get_config raises)."""
+    import keras
+
+    class Broken(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+        def get_config(self):
+            raise RuntimeError("this layer cannot be saved")
+
+    model = keras.Sequential([keras.Input(shape=(num_inputs,)), Broken(),
+                              keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+def test_a_failed_overwrite_keeps_the_old_saved_model_and_leaves_no_temporary(spark, tmp_path):
+    from sparkdl.ml import KerasModel
+
+    path = tmp_path / "stage"
+    old = classifier(4, 3)
+    KerasModel(old, classes=["a", "b", "c"]).write().save(str(path))
+    with pytest.raises(RuntimeError, match="cannot be saved"):
+        KerasModel(_unsavable(4)).write().overwrite().save(str(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]
+    loaded = KerasModel.load(str(path))
+    assert loaded.getClasses() == ["a", "b", "c"]
+    np.testing.assert_array_equal(loaded.model.get_weights()[0], old.get_weights()[0])
+
+
+def test_an_overwrite_replaces_the_saved_model_whole(spark, tmp_path):
+    from sparkdl.ml import KerasModel
+
+    path = tmp_path / "stage"
+    KerasModel(classifier(4, 3), classes=["a", "b", "c"]).write().save(str(path))
+    new = classifier(4, 2, seed=5)
+    KerasModel(new, classes=["x", "y"]).write().overwrite().save(path.as_uri())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]
+    loaded = KerasModel.load(str(path))
+    assert loaded.getClasses() == ["x", "y"]
+    np.testing.assert_array_equal(loaded.model.get_weights()[0], new.get_weights()[0])
+    with pytest.raises(Exception, match="already exists"):  # Spark ML's refusal, unchanged
+        KerasModel(new).write().save(str(path))

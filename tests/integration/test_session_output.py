@@ -1,0 +1,45 @@
+"""What a job's own Spark session prints while it starts: nothing of the JVM's chatter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _startup import STARTUP_CHATTER
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.spark
+
+_SCRIPT = """
+from sparkdl.session import get_spark
+spark = get_spark()
+print("rows", spark.range(5).count())
+spark.stop()
+"""
+
+
+def test_a_job_session_starts_without_the_jvm_start_up_lines(tmp_path):
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "PYTHONPATH": str(REPO)}
+    env.pop("SPARK_CONF_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["rows 5"]
+    chatter = [line for line in proc.stderr.splitlines() if STARTUP_CHATTER.search(line)]
+    assert chatter == [], proc.stderr
+
+
+def test_a_log4j_setting_of_the_users_own_is_kept():
+    from sparkdl.session import driver_java_options
+    from sparkdl.storage import local_path
+
+    mine = "-Dlog4j2.configurationFile=/etc/mine.properties -Xss4m"
+    assert driver_java_options(mine) == mine
+    ours = driver_java_options("-Xss4m")
+    assert ours.startswith("-Xss4m -Dlog4j2.configurationFile=")
+    assert local_path(ours.split("=", 1)[1]).is_file()
