@@ -19,7 +19,7 @@ Performance model (all parameters measured in the same run, none fitted to the c
     step = C_m(w) + (N-1)·D·s + wire + hops·H                       (synchronous)
     step = max(C_m(w) + (N-1)·D·s, wire + hops·H)                   (overlap)
     C_m(w) = C(w) + (T_m - T_0) · s
-    wire = k · B / R
+    wire = k · B / R + B · ρ
     H = F(w) + L_rate - L_unlimited
 
 * ``C(w)``: compute-only step time with ``w`` workers per host, measured on the cluster by a
@@ -47,6 +47,10 @@ Performance model (all parameters measured in the same run, none fitted to the c
 * ``R``: the link's goodput, measured in the run by a TCP transfer between two hosts
   (``NetCluster.transfer_seconds``) at each rate: it includes TCP/IP framing and, for the
   unlimited link, the kernel's copy cost.
+* ``ρ``: the ring's own cost per byte a rank sends beyond the wire (copying into and out of
+  its buffers, summing chunks, framing), from the same probe: 5 allreduces of a vector of the
+  model's size at the unlimited rate, the slowest rank's median, less the hops' fixed cost
+  and the bytes' time on the unlimited link, divided by the bytes a rank sent.
 * ``hops · H``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
   allgather, ``2(N-1)/f`` for averaging) times the fixed cost of one hop: ``F(w)``, the ring's
   own per-hop cost measured on the cluster by the barrier-stage probe (50 allgathers of 64
@@ -90,6 +94,8 @@ ROWS = 1280  # 20 steps per epoch with 2 workers, 10 with 4 (a multiple of the a
 AVERAGING_FREQUENCY = 5
 SPARSITY = 1e-3
 SMALL_COLLECTIVES = 50  # 64-byte allgathers the ring probe times
+LARGE_COLLECTIVES = 5  # allreduces of the model's size the ring probe times
+DENSE_FLOATS = INPUT_DIM * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
 
 
 @dataclass
@@ -201,7 +207,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 cluster.set_rate(original_rate)  # as it was before the benchmark
     compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
     hop_s = {wph: fixed_hop_seconds(p) for wph, p in probes.items()}
-    unlimited = links[_rate_name(None)]["latency_s"] if None in rates else 0.0
+    unlimited = links[_rate_name(None)]
+    byte_s = {wph: ring_seconds_per_byte(p, hop_s[wph], unlimited) for wph, p in probes.items()}
     for cell in cells.values():
         if not cell.missing:
             wph = cell.workers_per_host
@@ -210,12 +217,14 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             mode_compute = compute_s[wph] + (cost[cell.mode] - cost["compute"]) * share
             link = links[_rate_name(cell.rate)]
             predict(cell, mode_compute, codec, link,
-                    hop_s=hop_s[wph] + max(0.0, link["latency_s"] - unlimited))
+                    hop_s=hop_s[wph] + max(0.0, link["latency_s"] - unlimited["latency_s"]),
+                    ring_byte_s=byte_s[wph])
     figures = _figures(cells, compute_s, codec, links, repeats, schedule)
     figures["exchange_cpu_s"] = cpu
     figures["exchange_cpu_ratio"] = cpu_ratios
     figures["exchange_cpu_s_by_block"] = {f"{w}x{HOSTS}": c for w, c in cpu_by_wph.items()}
     figures["fixed_hop_s"] = {f"{w}x{HOSTS}": h for w, h in hop_s.items()}
+    figures["ring_seconds_per_byte"] = {f"{w}x{HOSTS}": b for w, b in byte_s.items()}
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
                    ring_links={f"{w}x{HOSTS}": p for w, p in probes.items()},
@@ -550,10 +559,18 @@ def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
                 started = time.perf_counter()
                 comm.allgather(b"x" * 64)
                 small.append(time.perf_counter() - started)
+            large, gradient = [], np.ones(DENSE_FLOATS, np.float32)
+            sent_before = comm.counters.bytes_sent
+            for _ in range(LARGE_COLLECTIVES):  # its cost per byte: copies and sums
+                started = time.perf_counter()
+                comm.allreduce(gradient)
+                large.append(time.perf_counter() - started)
+            sent = (comm.counters.bytes_sent - sent_before) / LARGE_COLLECTIVES
         finally:
             comm.close()
         yield {"rank": rank, "host": host, "shm_in": shm_in, "shm_out": shm_out,
-               "small_allgather_s": statistics.median(small)}
+               "small_allgather_s": statistics.median(small),
+               "large_allreduce_s": statistics.median(large), "large_allreduce_bytes": sent}
 
     rdd = spark.sparkContext.parallelize(range(num_workers), num_workers)
     return sorted(rdd.barrier().mapPartitions(probe).collect(), key=lambda r: r["rank"])
@@ -564,6 +581,22 @@ def fixed_hop_seconds(links: list[dict[str, Any]]) -> float:
     rank's median (a collective ends when its last rank does) over the ``N - 1`` hops."""
     hops = max(1, len(links) - 1)
     return max((link.get("small_allgather_s", 0.0) for link in links), default=0.0) / hops
+
+
+def ring_seconds_per_byte(links: list[dict[str, Any]], hop_s: float,
+                          unlimited: dict[str, float]) -> float:
+    """The ring's own cost per byte a rank sends (copies, sums, framing) beyond the wire,
+    from the probe's allreduces of the model's size at the unlimited rate: the slowest rank's
+    median, less its hops' fixed cost and the bytes' time on the unlimited link."""
+    if not links or "large_allreduce_s" not in links[0]:
+        return 0.0
+    sent = max(link["large_allreduce_bytes"] for link in links)
+    if sent <= 0:
+        return 0.0
+    seconds = max(link["large_allreduce_s"] for link in links)
+    hops = 2.0 * (len(links) - 1)
+    wire = ring_crossings([link["host"] for link in links]) * sent / unlimited["bytes_per_s"]
+    return max(0.0, seconds - hops * hop_s - wire) / sent
 
 
 def shm_between_hosts(links: list[dict[str, Any]]) -> bool:
@@ -601,18 +634,21 @@ def hops_per_step(mode: str, num_workers: int) -> float:
 
 
 def predict(cell: Cell, compute_s: float, codec: dict[str, float],
-            link: dict[str, float], hop_s: float | None = None) -> None:
+            link: dict[str, float], hop_s: float | None = None,
+            ring_byte_s: float = 0.0) -> None:
     """Fill ``cell.predicted_s`` and the model's terms (see the module docstring).
 
     ``compute_s`` is ``C_m(w)``: the cell's mode's CPU work per step (one rank's encode and
     decode included) at ``w`` workers per host. ``hop_s``: the fixed cost of one sequential
-    hop of a collective (default: the link's one-way latency)."""
+    hop of a collective (default: the link's one-way latency); ``ring_byte_s``: the ring's
+    own cost per byte sent beyond the wire (copies, sums)."""
     workers = cell.workers_per_host * HOSTS
     share = max(1.0, workers / (os.cpu_count() or 1))
     sharing = cell.mode.startswith("sharing")
     decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
     bytes_per_step = statistics.median(cell.bytes_per_step)
-    wire = ring_crossings(cell.hosts_of_ranks) * bytes_per_step / link["bytes_per_s"]
+    wire = (ring_crossings(cell.hosts_of_ranks) * bytes_per_step / link["bytes_per_s"]
+            + bytes_per_step * ring_byte_s)
     latency = hops_per_step(cell.mode, workers) * (link["latency_s"] if hop_s is None else hop_s)
     if cell.mode == "sharing_overlap":
         predicted = max(compute_s + decode, wire + latency)
