@@ -11,8 +11,8 @@ import tensorflow as tf
 from sparkdl.comm.communicator import Communicator
 from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.exchange import UpdateExchange
 from sparkdl.training.device_encoding import variable_device
+from sparkdl.training.exchange import UpdateExchange
 from sparkdl.training.host_views import HostViews
 from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
 
