@@ -23,12 +23,16 @@ class GradientSharingExchange(UpdateExchange):
     message — never its own unencoded update — so replicas stay bit-identical.
 
     The template's hooks: :meth:`compute_update` runs the optimizer on the batch's gradient
-    and takes its update back out of the weights in the same graph (the model's weights stay
-    the shared weights W between steps); :meth:`encode` adds it to the residual and encodes;
-    :meth:`communicate` allgathers the frames; :meth:`decode` sums them (as ``(index,
-    value)`` pairs when every frame is sparse, so the cost follows the entries, not the model);
-    :meth:`apply` adds the sum to W and the model's weights (a scatter of the entries, or one
-    dense pass for bitmap frames).
+    and returns its update, the model's weights staying the shared weights W between steps
+    (fused path: the optimizer writes the update into variables of its own,
+    :mod:`~sparkdl.training.optimizer_update`; fallback, for optimizers that read the weights
+    (:attr:`fallback_reason`): it updates the weights and the graph takes the update back out
+    of them); :meth:`encode` adds it to the residual and encodes; :meth:`communicate`
+    allgathers the frames; :meth:`decode` sums them (as ``(index, value)`` pairs when every
+    frame is sparse, so the cost follows the entries, not the model); :meth:`apply` adds the
+    sum to W (fused on the host: in place through numpy views,
+    :mod:`~sparkdl.training.host_views`; else a scatter of the entries, or one dense pass for
+    bitmap frames).
 
     State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
     ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and
