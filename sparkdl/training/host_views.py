@@ -20,13 +20,25 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["HostViews", "read_no_copy"]
+__all__ = ["HostViews", "read_no_copy", "writable"]
 
 
 def read_no_copy(variable: Any) -> tf.Tensor:
     """The value of a ``tf.Variable`` or Keras 3 variable, aliasing its buffer on the host."""
-    variable = getattr(variable, "value", variable)  # Keras 3: the backing tf.Variable
+    if not isinstance(variable, tf.Variable):
+        variable = variable.value  # Keras 3: the backing tf.Variable
     return variable.read_value_no_copy()
+
+
+def writable(array: np.ndarray) -> np.ndarray:
+    """A writable flat float32 view of ``array``'s memory (a read-only view of a host tensor;
+    keep the tensor alive while the view is used)."""
+    if array.dtype != np.float32 or not array.flags.c_contiguous:
+        raise TypeError(f"need a contiguous float32 array, got {array.dtype}")
+    if array.size == 0:
+        return np.zeros(0, np.float32)
+    address = array.__array_interface__["data"][0]
+    return np.ctypeslib.as_array((ctypes.c_float * array.size).from_address(address))
 
 
 class HostViews:
@@ -55,10 +67,5 @@ class HostViews:
         for i, read in enumerate(reads):  # the reads keep the buffers alive while we write
             start, stop = bounds[i], bounds[i + 1]
             if stop > start:
-                array = np.asarray(read)
-                if array.dtype != np.float32:
-                    name = getattr(self.variables[i], "path", self.variables[i].name)
-                    raise TypeError(f"{name} is {array.dtype}, not float32")
-                address = array.__array_interface__["data"][0]
-                view = np.ctypeslib.as_array((ctypes.c_float * array.size).from_address(address))
+                view = writable(np.asarray(read))
                 view[index[start:stop] - offsets[i]] += values[start:stop]

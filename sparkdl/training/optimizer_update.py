@@ -19,6 +19,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from sparkdl.training.host_views import read_no_copy
+
 __all__ = ["UpdateVariables", "fallback_reason"]
 
 #: Optimizer classes whose ``update_step`` never reads the variable's value (only the
@@ -81,10 +83,12 @@ class UpdateVariables:
                 raise ValueError("the optimizer must be built on exactly these variables")
             indices[optimizer._var_key(update)] = i
 
-    def apply(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """(In a graph) ``U ← 0``, one optimizer step on ``U`` with ``grads``; returns the
-        values of ``U``: the update."""
-        for update in self.variables:
-            update.assign(tf.zeros_like(update))
+    def apply(self, grads: Sequence[tf.Tensor], zero: bool = True) -> list[tf.Tensor]:
+        """(In a graph) ``U ← 0`` (``zero=False``: the caller zeroed them since the last
+        step), one optimizer step on ``U`` with ``grads``; returns the values of ``U`` (the
+        update), aliasing their buffers on the host."""
+        if zero:
+            for update in self.variables:
+                update.assign(tf.zeros_like(update))
         self.optimizer.apply(list(grads), self.variables)
-        return [update.read_value() for update in self.variables]
+        return [read_no_copy(update) for update in self.variables]

@@ -13,7 +13,7 @@ from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.device_encoding import variable_device
 from sparkdl.training.exchange import UpdateExchange
-from sparkdl.training.host_views import HostViews
+from sparkdl.training.host_views import HostViews, writable
 from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
 
 
@@ -135,9 +135,10 @@ class GradientSharingExchange(UpdateExchange):
                  for g, v in zip(grads, variables)]
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
         updates = self._updates
+        zero = self._views is None  # on the host, encode zeroes them in place
         pieces = tf.cond(
             finite,
-            lambda: updates.apply(grads),
+            lambda: updates.apply(grads, zero=zero),
             lambda: grads,  # unused: the step ends here
         )
         reads = self._views.reads() if self._views is not None else []
@@ -197,7 +198,11 @@ class GradientSharingExchange(UpdateExchange):
         return loss, update, finite
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
-        return self.compressor.compress(update, step)
+        message = self.compressor.compress(update, step)
+        if self._views is not None:  # fused on the host: U ← 0 for the next step, in place
+            for piece in update:  # views of U's buffers (read without copy)
+                writable(piece).fill(0)
+        return message
 
     def communicate(self, message: tuple[bytes, Any], step: int) -> Any:
         frame, stats = message
