@@ -125,22 +125,27 @@ class GradientSharingExchange(UpdateExchange):
 
     def _fused_update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
         """:meth:`_update_graph` with the optimizer writing the update into variables of its
-        own: the weights stay W. A non-finite gradient skips the optimizer step. Also returns
-        reads of W that alias its buffers (for :meth:`apply`'s in-place addition)."""
+        own, ``U``: the weights stay W. A non-finite update leaves ``U`` zero (the step ends
+        before the encode; the optimizer's state has taken the step, as in the fallback).
+        Also returns reads of W that alias its buffers (for :meth:`apply`'s in-place
+        addition)."""
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
         grads = tape.gradient(loss, variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, variables)]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
         updates = self._updates
-        zero = self._views is None  # on the host, encode zeroes them in place
-        pieces = tf.cond(
-            finite,
-            lambda: updates.apply(grads, zero=zero),
-            lambda: grads,  # unused: the step ends here
-        )
+        # on the host, encode zeroes U in place; on a device, U is zeroed here
+        pieces = updates.apply(grads, zero=self._views is None)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
+
+        def drop() -> tf.Tensor:
+            for update in updates.variables:
+                update.assign(tf.zeros_like(update))
+            return tf.constant(False)
+
+        tf.cond(finite, lambda: tf.constant(True), drop)
         reads = self._views.reads() if self._views is not None else []
         if flat:
             pieces = tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0)

@@ -211,3 +211,31 @@ def test_a_weight_constraint_takes_the_fallback() -> None:
         2, kernel_constraint=keras.constraints.NonNeg())])
     reason = fallback_reason(keras.optimizers.SGD(0.1), model.trainable_variables)
     assert reason is not None and "constraint" in reason
+
+
+def test_a_non_finite_update_is_dropped_and_the_next_step_starts_from_zero() -> None:
+    """SGD without momentum (no state a NaN could poison): good, NaN, good trains exactly
+    like good, good — the update variables were left zero, the residual untouched."""
+    comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=SECRET, timeout_s=10)
+    try:
+        finals = []
+        (x0, y0), (x1, y1) = _batches(0, 2)
+        for with_nan in (True, False):
+            model = _model("adam")
+            model.compile(optimizer=keras.optimizers.SGD(0.1),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            exchange = _master(world=1).create_exchange(model, comm, job_id=1)
+            assert exchange.fallback_reason is None
+            results = [exchange.step(x0, y0, 0)]
+            if with_nan:
+                before = (_flat(model), exchange.compressor.get_residual())
+                results.append(exchange.step(np.full_like(x0, np.nan), y0, 1))
+                assert not results[-1].finite_update
+                assert _flat(model) == before[0]
+                assert np.array_equal(exchange.compressor.get_residual(), before[1])
+            results.append(exchange.step(x1, y1, 1))
+            exchange.finish()
+            finals.append((_flat(model), exchange.compressor.get_residual().tobytes()))
+        assert finals[0] == finals[1]
+    finally:
+        comm.close()
