@@ -225,6 +225,7 @@ class GradientSharingExchange(UpdateExchange):
         reads, self._reads = self._reads, None
         with self._placement():
             if sparse is None:
+                del reads  # held reads would make TensorFlow copy W before adding
                 self._add_dense_fn(self._sum)
             else:
                 self._add_sparse(*sparse, reads)
