@@ -11,7 +11,10 @@ import tensorflow as tf
 from sparkdl.comm.communicator import Communicator
 from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
+from sparkdl.training.device_encoding import variable_device
 from sparkdl.training.exchange import UpdateExchange
+from sparkdl.training.host_views import HostViews, writable
+from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
 
 
 class GradientSharingExchange(UpdateExchange):
@@ -20,12 +23,16 @@ class GradientSharingExchange(UpdateExchange):
     message — never its own unencoded update — so replicas stay bit-identical.
 
     The template's hooks: :meth:`compute_update` runs the optimizer on the batch's gradient
-    and takes its update back out of the weights in the same graph (the model's weights stay
-    the shared weights W between steps); :meth:`encode` adds it to the residual and encodes;
-    :meth:`communicate` allgathers the frames; :meth:`decode` sums them (as ``(index,
-    value)`` pairs when every frame is sparse, so the cost follows the entries, not the model);
-    :meth:`apply` adds the sum to W and the model's weights (a scatter of the entries, or one
-    dense pass for bitmap frames).
+    and returns its update, the model's weights staying the shared weights W between steps
+    (fused path: the optimizer writes the update into variables of its own,
+    :mod:`~sparkdl.training.optimizer_update`; fallback, for optimizers that read the weights
+    (:attr:`fallback_reason`): it updates the weights and the graph takes the update back out
+    of them); :meth:`encode` adds it to the residual and encodes; :meth:`communicate`
+    allgathers the frames; :meth:`decode` sums them (as ``(index, value)`` pairs when every
+    frame is sparse, so the cost follows the entries, not the model); :meth:`apply` adds the
+    sum to W (fused on the host: in place through numpy views,
+    :mod:`~sparkdl.training.host_views`; else a scatter of the entries, or one dense pass for
+    bitmap frames).
 
     State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
     ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and
@@ -51,27 +58,47 @@ class GradientSharingExchange(UpdateExchange):
     ) -> None:
         super().__init__(model, comm, overlap=overlap)
         self.compressor = compressor
-        # The shared weights W, identical on every worker and equal to the model's weights
-        # between steps (the update graph takes each local update back out of them).
-        self._shared = [
-            tf.Variable(v, trainable=False, name=f"shared_{i}")
-            for i, v in enumerate(model.trainable_variables)
-        ]
         # Device encoder: the update stays a tensor on the model's device.
         self._on_device = compressor.memory.on_device
         self._device = compressor.memory.device
+        variables = model.trainable_variables
+        #: Why the optimizer's update is taken back out of the weights (None: the fused
+        #: path, the optimizer writes the update into variables of its own).
+        self.fallback_reason = fallback_reason(model.optimizer, variables)
+        self._updates: UpdateVariables | None = None
+        # Fallback: the shared weights W, identical on every worker and equal to the model's
+        # weights between steps (the update graph takes each local update back out of them).
+        # Fused: the model's weights are W at all times.
+        self._shared: list[tf.Variable] = []
+        # Fused on the host: the sum's entries are added to the weights in place.
+        self._views: HostViews | None = None
+        self._reads: list[tf.Tensor] | None = None  # aliasing reads of W from this step
+        if self.fallback_reason is None:
+            with self._placement():
+                self._updates = UpdateVariables(model.optimizer, variables)
+            host = not any("GPU" in variable_device(v).upper() for v in variables)
+            if host and not self._on_device and all(v.dtype == "float32" for v in variables):
+                self._views = HostViews(variables)
+        else:
+            self._shared = [
+                tf.Variable(v, trainable=False, name=f"shared_{i}")
+                for i, v in enumerate(variables)
+            ]
         n = self.trainable.size
         self._pending_host = np.zeros(n, dtype=np.float32)  # checkpoint compatibility: zeros
         self._scratch = np.zeros(n, dtype=np.float32)  # zeros between sparse decodes
         self._sum = np.zeros(n, dtype=np.float32)  # the dense sum of bitmap frames
-        self._update_fn = tf.function(self._update_graph, reduce_retracing=True)
+        self._update_fn = tf.function(
+            self._update_graph if self._updates is None else self._fused_update_graph,
+            reduce_retracing=True,
+        )
         self._add_dense_fn = tf.function(self._add_dense_graph, reduce_retracing=True)
         self._add_sparse_fn = tf.function(
             self._add_sparse_graph,
             input_signature=[
                 tf.TensorSpec([None], tf.int64),
                 tf.TensorSpec([None], tf.float32),
-                tf.TensorSpec([len(self._shared) + 1], tf.int64),
+                tf.TensorSpec([len(variables) + 1], tf.int64),
             ],
         )
         self.last_stats = None
@@ -96,8 +123,40 @@ class GradientSharingExchange(UpdateExchange):
             return loss, tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0), finite
         return loss, pieces, finite
 
+    def _fused_update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
+        """:meth:`_update_graph` with the optimizer writing the update into variables of its
+        own, ``U``: the weights stay W. A non-finite update leaves ``U`` zero (the step ends
+        before the encode; the optimizer's state has taken the step, as in the fallback).
+        Also returns reads of W that alias its buffers (for :meth:`apply`'s in-place
+        addition)."""
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss = self._loss(x, y)
+        grads = tape.gradient(loss, variables)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                 for g, v in zip(grads, variables)]
+        updates = self._updates
+        # on the host, encode zeroes U in place; on a device, U is zeroed here
+        pieces = updates.apply(grads, zero=self._views is None)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
+
+        def drop() -> tf.Tensor:
+            for update in updates.variables:
+                update.assign(tf.zeros_like(update))
+            return tf.constant(False)
+
+        tf.cond(finite, lambda: tf.constant(True), drop)
+        reads = self._views.reads() if self._views is not None else []
+        if flat:
+            pieces = tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0)
+        return loss, pieces, finite, reads
+
     def _add_dense_graph(self, total: tf.Tensor) -> None:
         """W ← W + total; the model's variables ← W (same bits on every worker)."""
+        if not self._shared:  # fused: the model's variables are W
+            for variable, piece in zip(self.model.trainable_variables, self.trainable.split(total)):
+                variable.assign_add(piece)
+            return
         for variable, shared, piece in zip(
             self.model.trainable_variables, self._shared, self.trainable.split(total)
         ):
@@ -109,11 +168,11 @@ class GradientSharingExchange(UpdateExchange):
         ascending; variable i's are ``index[bounds[i]:bounds[i + 1]]``). A scatter into a new
         tensor, not into the variable: TensorFlow's sparse variable ops switch a variable to
         copy-on-read, and every later dense read of it would copy it."""
-        for i, (variable, shared, offset) in enumerate(
-            zip(self.model.trainable_variables, self._shared, self.trainable.offsets)
-        ):
+        variables = self.model.trainable_variables
+        for i, (variable, offset) in enumerate(zip(variables, self.trainable.offsets)):
+            shared = self._shared[i] if self._shared else None
             start, stop = bounds[i], bounds[i + 1]
-            current = shared.read_value()
+            current = tf.convert_to_tensor(variable if shared is None else shared)
 
             def scatter(current=current, start=start, stop=stop, offset=offset):
                 local = index[start:stop] - offset
@@ -124,7 +183,8 @@ class GradientSharingExchange(UpdateExchange):
                 )
 
             total = tf.cond(stop > start, scatter, lambda current=current: current)
-            shared.assign(total)
+            if shared is not None:
+                shared.assign(total)
             variable.assign(total)
 
     def _placement(self) -> Any:
@@ -135,13 +195,19 @@ class GradientSharingExchange(UpdateExchange):
     def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, Any]:
         # the device encoder takes the flat tensor; the host encoder the pieces, as read-only
         # numpy views of the tensors (no copy, no concatenation)
-        loss, update, finite = self._update_fn(x, y, self._on_device)
+        loss, update, finite, *reads = self._update_fn(x, y, self._on_device)
+        # W is not written by TensorFlow until apply: its reads stay aliases of its buffers
+        self._reads = reads[0] if reads and reads[0] and bool(finite) else None
         if not self._on_device:
             update = [np.asarray(piece) for piece in update]
         return loss, update, finite
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
-        return self.compressor.compress(update, step)
+        message = self.compressor.compress(update, step)
+        if self._views is not None:  # fused on the host: U ← 0 for the next step, in place
+            for piece in update:  # views of U's buffers (read without copy)
+                writable(piece).fill(0)
+        return message
 
     def communicate(self, message: tuple[bytes, Any], step: int) -> Any:
         frame, stats = message
@@ -156,11 +222,13 @@ class GradientSharingExchange(UpdateExchange):
 
     def apply(self, decoded: Any, step: int) -> dict[str, float]:
         sparse, frame, frames, stats = decoded
+        reads, self._reads = self._reads, None
         with self._placement():
             if sparse is None:
+                del reads  # held reads would make TensorFlow copy W before adding
                 self._add_dense_fn(self._sum)
             else:
-                self._add_sparse(*sparse)
+                self._add_sparse(*sparse, reads)
         self.last_stats = stats
         return {
             "tau": float(stats.tau),
@@ -170,11 +238,18 @@ class GradientSharingExchange(UpdateExchange):
             "received_bytes": float(sum(len(f) for f in frames) - len(frame)),
         }
 
-    def _add_sparse(self, index: np.ndarray, values: np.ndarray) -> None:
+    def _add_sparse(self, index: np.ndarray, values: np.ndarray, reads: Any = None) -> None:
+        if self._views is not None:
+            self._views.scatter_add(index, values, self.trainable.offsets, reads)
+            return
         bounds = np.searchsorted(index, self.trainable.offsets).astype(np.int64)
         self._add_sparse_fn(
             tf.constant(index, tf.int64), tf.constant(values), tf.constant(bounds)
         )
+
+    def drain(self) -> None:
+        self._reads = None  # W may have been written since the last step: read it afresh
+        super().drain()
 
     # State ------------------------------------------------------------------------------
 
@@ -195,6 +270,7 @@ class GradientSharingExchange(UpdateExchange):
                 f"elements, got {pending.dtype} array of shape {pending.shape}"
             )
         compressor = unprefixed("compressor", state)
+        self._reads = None
         super().set_state({k: v for k, v in state.items() if not k.startswith("compressor.")})
         self.compressor.set_state(compressor)
         for shared, variable in zip(self._shared, self.model.trainable_variables):

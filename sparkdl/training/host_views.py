@@ -1,0 +1,71 @@
+"""Sparse in-place additions to CPU variables through numpy views of their buffers.
+
+TensorFlow has no element-wise in-place scatter into a multi-dimensional variable: its
+``scatter_nd_*`` ops switch the variable to copy-on-read and then copy the whole buffer on
+every update (and every later read). A sparse sum of a few thousand entries would cost a
+full pass over the weights. A CPU variable read with ``read_value_no_copy`` hands out its
+own buffer (copy-on-read mode, if set, becomes copy-on-write), so numpy can add the entries
+in place, in O(entries).
+
+Writes through the views are seen by every tensor that aliases the buffer: use them only
+between TensorFlow calls, on variables whose reads nobody else holds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["HostViews", "read_no_copy", "writable"]
+
+
+def read_no_copy(variable: Any) -> tf.Tensor:
+    """The value of a ``tf.Variable`` or Keras 3 variable, aliasing its buffer on the host."""
+    if not isinstance(variable, tf.Variable):
+        variable = variable.value  # Keras 3: the backing tf.Variable
+    return variable.read_value_no_copy()
+
+
+def writable(array: np.ndarray) -> np.ndarray:
+    """A writable flat float32 view of ``array``'s memory (a read-only view of a host tensor;
+    keep the tensor alive while the view is used)."""
+    if array.dtype != np.float32 or not array.flags.c_contiguous:
+        raise TypeError(f"need a contiguous float32 array, got {array.dtype}")
+    if array.size == 0:
+        return np.zeros(0, np.float32)
+    address = array.__array_interface__["data"][0]
+    return np.ctypeslib.as_array((ctypes.c_float * array.size).from_address(address))
+
+
+class HostViews:
+    """Adds sparse sums to ``variables`` (float32, on the host) in place."""
+
+    def __init__(self, variables: Sequence[Any]) -> None:
+        self.variables = list(variables)
+
+    def reads(self) -> list[tf.Tensor]:
+        """One aliasing read per variable (eager, or inside a graph: then return them)."""
+        return [read_no_copy(v) for v in self.variables]
+
+    def scatter_add(
+        self,
+        index: np.ndarray,
+        values: np.ndarray,
+        offsets: Sequence[int],
+        reads: Sequence[tf.Tensor] | None = None,
+    ) -> None:
+        """Add ``values`` at the flat ``index`` (ascending, unique; variable i holds the flat
+        elements ``offsets[i]:offsets[i + 1]``) in place. ``reads``: :meth:`reads` taken
+        since the last TensorFlow write to the variables (else read now)."""
+        if reads is None:
+            reads = self.reads()
+        bounds = np.searchsorted(index, offsets)
+        for i, read in enumerate(reads):  # the reads keep the buffers alive while we write
+            start, stop = bounds[i], bounds[i + 1]
+            if stop > start:
+                view = writable(np.asarray(read))
+                view[index[start:stop] - offsets[i]] += values[start:stop]

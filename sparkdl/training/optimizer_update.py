@@ -1,0 +1,94 @@
+"""The optimizer's update of one step as its own tensors, without touching the weights.
+
+Gradient sharing needs the update ``u`` the model's optimizer would apply, not the new
+weights. For optimizers whose update does not read the weights (SGD with or without
+momentum, Adam, RMSprop, ... without weight decay), applying the gradients to a set of
+zeroed variables ``U`` (shaped like the weights) leaves exactly ``U = u``, while the
+optimizer's own state (momenta, moments, iterations) advances as in a normal step. The
+weights are then never written by the optimizer: no ``v - w`` pass, no reset copy.
+
+:func:`fallback_reason` says why an optimizer cannot take this path (then the caller applies
+to the weights and takes the update back out of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from sparkdl.training.host_views import read_no_copy
+
+__all__ = ["UpdateVariables", "fallback_reason"]
+
+#: Optimizer classes whose ``update_step`` never reads the variable's value (only the
+#: gradient and the optimizer's own state). Exact types: a subclass may override
+#: ``update_step``. Ftrl and Lamb read the weights, Muon is not checked.
+_WEIGHT_FREE = (
+    keras.optimizers.SGD,
+    keras.optimizers.Adam,
+    keras.optimizers.AdamW,
+    keras.optimizers.Adamax,
+    keras.optimizers.Nadam,
+    keras.optimizers.RMSprop,
+    keras.optimizers.Adagrad,
+    keras.optimizers.Adadelta,
+    keras.optimizers.Lion,
+)
+
+
+def fallback_reason(optimizer: Any, variables: Sequence[Any]) -> str | None:
+    """None when applying ``optimizer`` to zeroed variables yields its update exactly; else
+    why not (weight decay, EMA, gradient accumulation, constraints, an optimizer type whose
+    update is not known to be free of the weights)."""
+    if type(optimizer) not in _WEIGHT_FREE:
+        return f"{type(optimizer).__name__} is not known to update without reading weights"
+    if getattr(optimizer, "weight_decay", None):
+        return f"weight_decay={optimizer.weight_decay} reads the weights"
+    if getattr(optimizer, "use_ema", False):
+        return "use_ema averages the weights"
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        return "gradient_accumulation_steps updates on some steps only"
+    for variable in variables:
+        if getattr(variable, "constraint", None) is not None:
+            return f"variable {variable.path} has a constraint"
+        if getattr(variable, "overwrite_with_gradient", False):
+            return f"variable {variable.path} is overwritten with its gradient"
+    return None
+
+
+class UpdateVariables:
+    """Float32 variables ``U`` shaped like ``variables`` that the model's optimizer updates
+    in their place (:meth:`apply`): the optimizer's slot for ``variables[i]`` serves
+    ``U[i]``, so its state (and its saved form) is the model's optimizer state, unchanged.
+
+    Only for an optimizer :func:`fallback_reason` accepts, built on ``variables``.
+    """
+
+    def __init__(self, optimizer: Any, variables: Sequence[Any]) -> None:
+        reason = fallback_reason(optimizer, variables)
+        if reason is not None:
+            raise ValueError(f"the update cannot be computed apart from the weights: {reason}")
+        self.optimizer = optimizer
+        self.variables = [
+            tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"update_{i}")
+            for i, v in enumerate(variables)
+        ]
+        # The optimizer finds a variable's slots by its key: U[i] maps to variables[i]'s.
+        indices = optimizer._trainable_variables_indices
+        for i, (variable, update) in enumerate(zip(variables, self.variables)):
+            if indices.get(optimizer._var_key(variable)) != i:
+                raise ValueError("the optimizer must be built on exactly these variables")
+            indices[optimizer._var_key(update)] = i
+
+    def apply(self, grads: Sequence[tf.Tensor], zero: bool = True) -> list[tf.Tensor]:
+        """(In a graph) ``U ← 0`` (``zero=False``: the caller zeroed them since the last
+        step), one optimizer step on ``U`` with ``grads``; returns the values of ``U`` (the
+        update), aliasing their buffers on the host."""
+        if zero:
+            for update in self.variables:
+                update.assign(tf.zeros_like(update))
+        self.optimizer.apply(list(grads), self.variables)
+        return [read_no_copy(update) for update in self.variables]

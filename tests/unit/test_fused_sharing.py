@@ -1,0 +1,241 @@
+"""Gradient sharing's fused path: the optimizer writes its update into variables of its own,
+the decoded sum is added to the weights in place; optimizers that read the weights take the
+fallback (apply to the weights, take the update back out). Both keep replicas bit-identical
+and resume exactly.
+
+Two ranks run as two threads of this process over a real TCP ring.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparkdl.comm import TcpStoreServer, create_communicator, store_exchange
+from sparkdl.compression.threshold import AdaptiveThreshold, FixedThreshold
+from sparkdl.training.masters import SharedTrainingMaster
+from sparkdl.training.optimizer_update import fallback_reason
+
+SECRET = b"fused-sharing-test-secret-012345"
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(1e-2),
+    "adamw-weight-decay": lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.05),
+}
+
+
+def _model(optimizer: str, embedding: bool = False) -> keras.Model:
+    keras.utils.set_random_seed(7)
+    if embedding:  # its forward gathers: TensorFlow puts the table in copy-on-read mode
+        layers = [keras.Input((4,), dtype="int32"), keras.layers.Embedding(20, 3),
+                  keras.layers.Flatten()]
+    else:
+        layers = [keras.Input((6,))]
+    model = keras.Sequential([*layers, keras.layers.Dense(12, activation="relu"),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer=OPTIMIZERS[optimizer](),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _batches(rank: int, count: int, embedding: bool = False) -> list[tuple[np.ndarray, Any]]:
+    rng = np.random.default_rng(10 + rank)
+    out = []
+    for _ in range(count):
+        x = (rng.integers(0, 20, (8, 4)).astype(np.int32) if embedding
+             else rng.standard_normal((8, 6)).astype(np.float32))
+        out.append((x, rng.integers(0, 3, 8).astype(np.int64)))
+    return out
+
+
+def _master(overlap: bool = False, world: int = 2) -> SharedTrainingMaster:
+    return SharedTrainingMaster(
+        8, world, threshold=AdaptiveThreshold(initial=1e-3, min_sparsity=0.05, max_sparsity=0.3),
+        encoder="host", overlap=overlap,
+    )
+
+
+def _on_two_ranks(fn) -> list[Any]:
+    results: list[Any] = [None, None]
+    errors: list[BaseException] = []
+    with TcpStoreServer(SECRET) as server:
+        def run(rank: int) -> None:
+            try:
+                exchange = store_exchange(server.address, rank, 2, secret=SECRET, timeout_s=30)
+                comm = create_communicator("tcp", rank, 2, exchange, secret=SECRET, timeout_s=30)
+                try:
+                    results[rank] = fn(rank, comm)
+                finally:
+                    comm.close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "ranks did not finish within 120 s"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _flat(model: keras.Model) -> bytes:
+    return b"".join(np.ascontiguousarray(w).tobytes() for w in model.get_weights())
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_fused_and_fallback_keep_replicas_bit_identical_and_resume_exactly(
+    optimizer: str, overlap: bool
+) -> None:
+    steps, cut = 16, 7
+    models = [_model(optimizer), _model(optimizer)]
+    resumed = [_model(optimizer), _model(optimizer)]
+
+    def fn(rank: int, comm: Any) -> dict[str, Any]:
+        master = _master(overlap)
+        exchange = master.create_exchange(models[rank], comm, job_id=3)
+        batches = _batches(rank, steps)
+        for step, (x, y) in enumerate(batches[:cut]):
+            exchange.step(x, y, step)
+        exchange.finish()
+        weights, state = models[rank].get_weights(), exchange.get_state()
+        for step, (x, y) in enumerate(batches[cut:], start=cut):
+            exchange.step(x, y, step)
+        exchange.finish()
+        other = master.create_exchange(resumed[rank], comm, job_id=3)
+        resumed[rank].set_weights(weights)
+        other.set_state(state)
+        for step, (x, y) in enumerate(batches[cut:], start=cut):
+            other.step(x, y, step)
+        other.finish()
+        return {"reason": exchange.fallback_reason, "state": exchange.get_state(),
+                "resumed_state": other.get_state()}
+
+    results = _on_two_ranks(fn)
+    fused = optimizer != "adamw-weight-decay"
+    assert all((r["reason"] is None) == fused for r in results)
+    assert _flat(models[0]) == _flat(models[1]) == _flat(resumed[0]) == _flat(resumed[1])
+    assert _flat(models[0]) != _flat(_model(optimizer))  # it trained
+    for r in results:
+        assert set(r["state"]) == set(r["resumed_state"])
+        for key, value in r["state"].items():
+            assert np.array_equal(np.asarray(value), np.asarray(r["resumed_state"][key])), key
+
+
+def test_the_update_lands_in_the_residual_and_the_sum_in_the_weights_exactly() -> None:
+    """World 1, SGD without momentum: the update is -(lr * g) bit for bit; the residual plus
+    the sent sum is that update, and the weights moved by exactly the sum. Variables that
+    TensorFlow switched to copy-on-read (by a sparse read) take their entries in place too."""
+    model = _model("sgd-momentum", embedding=True)
+    model.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=SECRET, timeout_s=10)
+    try:
+        master = SharedTrainingMaster(8, 1, threshold=FixedThreshold(0.1), encoder="host",
+                                      residual_clipping=None)
+        exchange = master.create_exchange(model, comm, job_id=1)
+        assert exchange.fallback_reason is None
+        for variable in model.trainable_variables:
+            variable.value.sparse_read([0])  # copy-on-read: dense reads copy from now on
+        decoded, sparse_steps = [], []
+        decode = exchange.decode
+        exchange.decode = lambda received, step: decoded.append(decode(received, step)) or (
+            decoded[-1])
+        for step, (x, y) in enumerate(_batches(0, 6, embedding=True)):
+            before = [w.copy() for w in model.get_weights()]
+            residual = exchange.compressor.get_residual()
+            with tf.GradientTape() as tape:
+                loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            update = np.concatenate(
+                [-(np.asarray(tf.convert_to_tensor(g)) * np.float32(0.5)).ravel() for g in grads]
+            )
+            exchange.step(x, y, step)
+            sparse = decoded[-1][0]
+            if sparse is None:  # bitmap frames: the dense sum
+                index = np.flatnonzero(exchange._sum)
+                sparse = index, exchange._sum[index]
+            index, values = sparse
+            sparse_steps.append(decoded[-1][0] is not None)
+            assert index.size > 0 and set(np.abs(values).tolist()) == {np.float32(0.1)}
+            expected = np.concatenate([w.ravel() for w in before])
+            expected[index] += values
+            assert np.array_equal(
+                np.concatenate([w.ravel() for w in model.get_weights()]), expected
+            )
+            total = np.zeros_like(expected)
+            total[index] = values
+            np.testing.assert_array_equal(
+                exchange.compressor.get_residual() + total, residual + update
+            )
+        assert any(sparse_steps)  # the in-place addition ran
+    finally:
+        comm.close()
+
+
+class _SGDSubclass(keras.optimizers.SGD):
+    pass
+
+
+@pytest.mark.parametrize("make, fused", [
+    (lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), True),
+    (lambda: keras.optimizers.RMSprop(1e-3), True),
+    (lambda: keras.optimizers.Adam(1e-3, amsgrad=True), True),
+    (lambda: keras.optimizers.SGD(0.1, weight_decay=1e-4), False),
+    (lambda: keras.optimizers.AdamW(1e-3), False),
+    (lambda: keras.optimizers.Ftrl(1e-3), False),
+    (lambda: keras.optimizers.Adam(1e-3, use_ema=True), False),
+    (lambda: keras.optimizers.Adam(1e-3, gradient_accumulation_steps=2), False),
+    (lambda: _SGDSubclass(0.1), False),
+], ids=["nesterov", "rmsprop", "amsgrad", "sgd-weight-decay", "adamw", "ftrl", "ema",
+        "accumulation", "subclass"])
+def test_only_optimizers_whose_update_ignores_the_weights_take_the_fused_path(make, fused):
+    model = _model("adam")
+    optimizer = make()
+    optimizer.build(model.trainable_variables)
+    assert (fallback_reason(optimizer, model.trainable_variables) is None) == fused
+
+
+def test_a_weight_constraint_takes_the_fallback() -> None:
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(
+        2, kernel_constraint=keras.constraints.NonNeg())])
+    reason = fallback_reason(keras.optimizers.SGD(0.1), model.trainable_variables)
+    assert reason is not None and "constraint" in reason
+
+
+def test_a_non_finite_update_is_dropped_and_the_next_step_starts_from_zero() -> None:
+    """SGD without momentum (no state a NaN could poison): good, NaN, good trains exactly
+    like good, good — the update variables were left zero, the residual untouched."""
+    comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=SECRET, timeout_s=10)
+    try:
+        finals = []
+        (x0, y0), (x1, y1) = _batches(0, 2)
+        for with_nan in (True, False):
+            model = _model("adam")
+            model.compile(optimizer=keras.optimizers.SGD(0.1),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            exchange = _master(world=1).create_exchange(model, comm, job_id=1)
+            assert exchange.fallback_reason is None
+            results = [exchange.step(x0, y0, 0)]
+            if with_nan:
+                before = (_flat(model), exchange.compressor.get_residual())
+                results.append(exchange.step(np.full_like(x0, np.nan), y0, 1))
+                assert not results[-1].finite_update
+                assert _flat(model) == before[0]
+                assert np.array_equal(exchange.compressor.get_residual(), before[1])
+            results.append(exchange.step(x1, y1, 1))
+            exchange.finish()
+            finals.append((_flat(model), exchange.compressor.get_residual().tobytes()))
+        assert finals[0] == finals[1]
+    finally:
+        comm.close()
