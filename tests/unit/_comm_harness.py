@@ -252,3 +252,47 @@ class FakeRank1:
         for sock in (self.to_real, self.from_real):
             if sock is not None:
                 sock.close()
+
+
+def run_threads(
+    world: int,
+    fn: Callable[[int, Any], Any],
+    *,
+    hosts: list[str] | None = None,
+    topology: str = "flat",
+    timeout: float = 120.0,
+) -> list[Any]:
+    """Run ``fn(rank, comm)`` on ``world`` threads of this process, joined by real TCP rings
+    (one ring, or per-host rings plus the leaders' when ``hosts`` fakes several hosts);
+    returns the values by rank and re-raises the first error. Threads, not processes: for
+    callers whose models are built on the main thread (Keras's naming state)."""
+    import threading
+
+    from sparkdl.comm import create_communicator
+
+    results: list[Any] = [None] * world
+    errors: list[BaseException] = []
+    with TcpStoreServer(SECRET) as server:
+        def run(rank: int) -> None:
+            try:
+                exchange = store_exchange(server.address, rank, world, secret=SECRET,
+                                          timeout_s=30)
+                comm = create_communicator("tcp", rank, world, exchange, secret=SECRET,
+                                           timeout_s=30, topology=topology,
+                                           host_id=hosts[rank] if hosts else None)
+                try:
+                    results[rank] = fn(rank, comm)
+                finally:
+                    comm.close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+        assert not any(t.is_alive() for t in threads), f"ranks did not finish within {timeout} s"
+    if errors:
+        raise errors[0]
+    return results

@@ -12,12 +12,11 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+from _comm_harness import run_threads
 
-from sparkdl.comm import TcpStoreServer, create_communicator, store_exchange
 from sparkdl.training.exchange import UpdateExchange
 from sparkdl.training.loop import PHASES
 
-SECRET = b"template-test-secret-0123456789a"
 LR = 0.1
 
 
@@ -81,31 +80,7 @@ def _batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _on_ranks(world: int, fn) -> list[Any]:  # type: ignore[no-untyped-def]
     models = [_model() for _ in range(world)]
-    results: list[Any] = [None] * world
-    errors: list[BaseException] = []
-    with TcpStoreServer(SECRET) as server:
-        def run(rank: int) -> None:
-            try:
-                exchange = store_exchange(server.address, rank, world, secret=SECRET,
-                                          timeout_s=30)
-                comm = create_communicator("tcp", rank, world, exchange, secret=SECRET,
-                                           timeout_s=30)
-                try:
-                    results[rank] = fn(rank, comm, models[rank])
-                finally:
-                    comm.close()
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in threads), "ranks did not finish within 120 s"
-    if errors:
-        raise errors[0]
-    return results
+    return run_threads(world, lambda rank, comm: fn(rank, comm, models[rank]))
 
 
 def _flat(model: keras.Model) -> np.ndarray:

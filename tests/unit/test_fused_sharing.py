@@ -8,15 +8,15 @@ Two ranks run as two threads of this process over a real TCP ring.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _comm_harness import run_threads
 
-from sparkdl.comm import TcpStoreServer, create_communicator, store_exchange
+from sparkdl.comm import create_communicator
 from sparkdl.compression.threshold import AdaptiveThreshold, FixedThreshold
 from sparkdl.training.masters import SharedTrainingMaster
 from sparkdl.training.optimizer_update import fallback_reason
@@ -61,30 +61,8 @@ def _master(overlap: bool = False, world: int = 2) -> SharedTrainingMaster:
     )
 
 
-def _on_two_ranks(fn) -> list[Any]:
-    results: list[Any] = [None, None]
-    errors: list[BaseException] = []
-    with TcpStoreServer(SECRET) as server:
-        def run(rank: int) -> None:
-            try:
-                exchange = store_exchange(server.address, rank, 2, secret=SECRET, timeout_s=30)
-                comm = create_communicator("tcp", rank, 2, exchange, secret=SECRET, timeout_s=30)
-                try:
-                    results[rank] = fn(rank, comm)
-                finally:
-                    comm.close()
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in threads), "ranks did not finish within 120 s"
-    if errors:
-        raise errors[0]
-    return results
+def _on_two_ranks(fn) -> list[Any]:  # type: ignore[no-untyped-def]
+    return run_threads(2, fn)
 
 
 def _flat(model: keras.Model) -> bytes:

@@ -6,7 +6,6 @@ know only TensorFlow and a communicator).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +13,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _comm_harness import run_threads
 
-from sparkdl.comm import TcpStoreServer, create_communicator, store_exchange
 from sparkdl.compression.threshold import AdaptiveThreshold, FixedThreshold
 from sparkdl.config import JobConfig
 from sparkdl.errors import ConfigurationError
@@ -28,7 +27,6 @@ from sparkdl.training.masters import (
     master_from_training_config,
 )
 
-SECRET = b"overlap-test-secret-0123456789ab"
 STEPS = 6
 
 
@@ -61,32 +59,8 @@ def _on_ranks(world: int, fn: Callable[[int, Any, Any], Any], hosts: list[str] |
     """Run ``fn(rank, comm, model)`` on ``world`` threads joined by real TCP rings (one
     ring, or per-host rings plus the leaders' when ``hosts`` fakes several hosts)."""
     models = [_model() for _ in range(world)]  # built on this thread (Keras naming state)
-    results: list[Any] = [None] * world
-    errors: list[BaseException] = []
-    with TcpStoreServer(SECRET) as server:
-        def run(rank: int) -> None:
-            try:
-                exchange = store_exchange(server.address, rank, world, secret=SECRET,
-                                          timeout_s=30)
-                comm = create_communicator("tcp", rank, world, exchange, secret=SECRET,
-                                           timeout_s=30, topology=topology,
-                                           host_id=hosts[rank] if hosts else None)
-                try:
-                    results[rank] = fn(rank, comm, models[rank])
-                finally:
-                    comm.close()
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in threads), "ranks did not finish within 120 s"
-    if errors:
-        raise errors[0]
-    return results
+    return run_threads(world, lambda rank, comm: fn(rank, comm, models[rank]), hosts=hosts,
+                       topology=topology)
 
 
 def _train(master, epochs: int = 2, callbacks=(), start_epoch: int = 0, restore=None,
