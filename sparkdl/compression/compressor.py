@@ -350,10 +350,12 @@ class ThresholdCompressor(Compressor):
             for entries in touched:
                 scratch[entries] = 0.0
 
-    def _unpacked(self, frames: Sequence[bytes | memoryview], step: int):
+    def _unpacked(
+        self, frames: Sequence[bytes | memoryview], step: int
+    ) -> list[tuple[int, Any, Any]]:
         """``(position, header, payload)`` of every frame, all validated first."""
         world_size = len(frames)
-        out = []
+        out: list[tuple[int, Any, Any]] = []
         for position, frame in enumerate(frames):
             header, payload = unpack_frame(
                 frame,
