@@ -79,6 +79,13 @@ class ClusterConfig(_Section):
         "of all ranks; 'auto': hierarchical when there are several hosts and one of them runs "
         "two ranks or more (tcp transport only; 'spark' is always flat)",
     )
+    mesh: Literal["plain", "mesh", "auto"] = Field(
+        default="plain",
+        description="DL4J's meshBuildMode: 'plain' one ring of direct connections (N-1 hops "
+        "per small collective); 'mesh' log-depth collectives over extra links (Bruck "
+        "allgather, tree broadcast, halving-doubling allreduce: log2 N steps); 'auto' the "
+        "log-depth ones for small messages at 4 ranks or more (tcp transport only)",
+    )
     spark_conf: dict[str, str] = Field(default_factory=dict)
     s3: S3Config = Field(default_factory=S3Config)
 

@@ -637,6 +637,7 @@ def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, att
         port_range=parse_port_range(cluster["port_range"]),
         wire_integrity=cluster["wire_integrity"],
         topology=cluster.get("topology", "flat"),
+        mesh=cluster.get("mesh", "plain"),
         host_id=host,
     )
     try:

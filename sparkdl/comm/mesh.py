@@ -139,7 +139,9 @@ def _pack(messages: Sequence[bytes | bytearray | memoryview]) -> bytes:
     return b"".join([_LEN.pack(len(m)) for m in messages] + [bytes(m) for m in messages])
 
 
-def _unpack(bundle: bytes | bytearray | memoryview, count: int, who: object, step: int) -> list:
+def _unpack(
+    bundle: bytes | bytearray | memoryview, count: int, who: object, step: int
+) -> list[memoryview]:
     view = memoryview(bundle).cast("B")
     head = _LEN.size * count
     bad = len(view) < head
@@ -276,7 +278,7 @@ class MeshCommunicator(Communicator):
 
     def _bruck(self, data: memoryview, seq: int, deadline: float) -> list[bytes]:
         n, r = self.world_size, self.rank
-        held: list[bytes | bytearray | memoryview] = [data]  # held[i]: rank (r - i)'s message
+        held: list[memoryview] = [data]  # held[i]: rank (r - i)'s message
         for k, d in enumerate(distances(n)):
             count = min(d, n - d)
             link = self._shifts[d]
@@ -316,7 +318,9 @@ class MeshCommunicator(Communicator):
         isz = x.itemsize
         raw = x.view(np.uint8).data
 
-        def swap(peer: int, step: int, send: tuple[int, int] | None, recv: tuple[int, int] | None):
+        def swap(
+            peer: int, step: int, send: tuple[int, int] | None, recv: tuple[int, int] | None
+        ) -> np.ndarray | None:
             """Send elements ``send`` to ``peer`` while receiving ``recv`` from it."""
             link = self._pairs[peer]
             out = raw[send[0] * isz : send[1] * isz] if send is not None else None
