@@ -11,9 +11,9 @@ rank, over which it runs:
   ``N-1`` messages received per rank as on the ring. A step's bundle is the messages' lengths
   (uint64 each) then their bytes; a bundle that does not hold exactly the expected count is
   refused.
-- **broadcast** — a binomial tree over the same links: in step ``k``, ranks ``d`` or more
-  below the root's position... precisely: with ``v = (r - root) mod N``, ranks with ``v < d``
-  send to ``r+d`` (when ``v + d < N``) and ranks with ``d <= v < 2d`` receive from ``r-d``.
+- **broadcast** — a binomial tree over the same links: in step ``k``, with
+  ``v = (r - root) mod N``, ranks with ``v < d`` send to ``r+d`` (when ``v + d < N``) and
+  ranks with ``d <= v < 2d`` receive from ``r-d``.
 - **allreduce** — recursive halving (reduce-scatter) then recursive doubling (allgather)
   between pairs ``v`` and ``v XOR d`` of ``P``, the largest power of two ``<= N``
   (Rabenseifner). With ``N = P + rem``, ranks ``2i < 2*rem`` first send their whole vector to
@@ -31,9 +31,10 @@ the communicator (so neighbours fail promptly too).
 
 Mode (``cluster.mesh``): ``plain`` — the ring only (no extra links); ``mesh`` — these
 algorithms for every allgather, broadcast and allreduce; ``auto`` — these when
-``N >= AUTO_MIN_RANKS`` and the message is at most :data:`AUTO_MAX_BYTES` (allreduce: the
-vector; allgather and broadcast: the largest message of the previous call of that collective,
-which every rank knows, so all ranks choose alike without an extra round), else the ring.
+``N >= AUTO_MIN_RANKS`` and the message is at most :data:`AUTO_MAX_GATHER_BYTES` (allgather
+and broadcast: the largest message of the previous call of that collective, which every rank
+knows, so all ranks choose alike without an extra round) or :data:`AUTO_MAX_REDUCE_BYTES`
+(allreduce: the vector), else the ring.
 """
 
 from __future__ import annotations
@@ -63,9 +64,14 @@ from sparkdl.errors import CommunicationError, ConfigurationError
 MESH_MODES = ("plain", "mesh", "auto")
 AUTO_MIN_RANKS = 4
 """In ``auto``, fewer ranks use the ring: at 2 and 3 ranks it takes as many steps."""
-AUTO_MAX_BYTES = 64 << 10
-"""In ``auto``, messages up to this size use the log-depth algorithms (measured crossover:
-docs/design.md, Communication)."""
+AUTO_MAX_GATHER_BYTES = 8 << 10
+"""In ``auto``, allgather and broadcast messages up to this size use the log-depth algorithms:
+across hosts at 4 to 16 ranks, 100 Mbit/s and 1 Gbit/s, Bruck took 0.3-0.6x the ring's time
+at 1-4 KiB, about the same at 16 KiB, and up to 2x at 256 KiB (``jobs/benchmark.py
+collectives --mesh``; docs/design.md, Communication)."""
+AUTO_MAX_REDUCE_BYTES = 64 << 10
+"""In ``auto``, allreduce vectors up to this size use halving-doubling (0.36-0.85x the ring's
+time at 4-64 KiB and 4 to 16 ranks; at 1 MiB it lost at 100 Mbit/s)."""
 
 _OP_ALLGATHER = 5
 _OP_BROADCAST = 6
@@ -205,12 +211,12 @@ class MeshCommunicator(Communicator):
     def _links(self) -> list[TcpRingCommunicator]:
         return [*self._shifts.values(), *self._pairs.values()]
 
-    def _use_mesh(self, nbytes: int) -> bool:
+    def _use_mesh(self, nbytes: int, limit: int = AUTO_MAX_GATHER_BYTES) -> bool:
         if self.world_size == 1:
             return False
         if self.mode == "mesh":
             return True
-        return self.world_size >= AUTO_MIN_RANKS and nbytes <= AUTO_MAX_BYTES
+        return self.world_size >= AUTO_MIN_RANKS and nbytes <= limit
 
     # Public collectives ---------------------------------------------------------------------
 
@@ -241,7 +247,7 @@ class MeshCommunicator(Communicator):
         if (
             op not in ("sum", "mean")
             or arr.dtype not in _OP_ALLREDUCE
-            or not self._use_mesh(arr.nbytes)
+            or not self._use_mesh(arr.nbytes, AUTO_MAX_REDUCE_BYTES)
         ):
             return self.ring.allreduce(arr, op)  # the ring reports bad arguments
         src = np.ascontiguousarray(arr).reshape(-1)
