@@ -264,3 +264,30 @@ def test_a_link_accepts_only_the_peer_authenticated_for_it() -> None:
         mesh_module._parse_ports = real
     assert results == [bytes(range(4))] * 4
     assert report["ring"].startswith(("rejected", "closed")), report
+
+
+def test_auto_chooses_by_rank_count_and_the_size_every_rank_knows() -> None:
+    """At 4 ranks, ``auto`` runs an allgather by Bruck while the previous one's largest
+    message was small (the frames show it: 8 bytes of length per message, one header per
+    step) and by the ring after a large one; an allreduce by halving-doubling up to 64 KiB."""
+
+    def body(rank: int, comm: Any) -> list[int]:
+        got = []
+        for size in (100, 20_000, 100, 100):
+            before = comm.counters.bytes_received
+            comm.allgather(bytes(size))
+            got.append(comm.counters.bytes_received - before)
+        for length in (1000, 20_000):
+            before = comm.counters.bytes_received
+            comm.allreduce(np.ones(length, np.float32))
+            got.append(comm.counters.bytes_received - before)
+        return got
+
+    header, world = 16, 4
+    bruck = [3 * (m + 8) + 2 * header for m in (100, 20_000)]
+    ring = 3 * (100 + header)
+    halving = 2 * (2000 + 1000) + 4 * header  # 1000 floats: a half, a quarter, back
+    ring_reduce = 6 * (20_000 + header)  # 20_000 floats (80 KB): 6 chunks of 5_000
+    want = [bruck[0], bruck[1], ring, bruck[0], halving, ring_reduce]
+    assert run_threads(world, body, mesh="auto") == [want] * world
+    assert run_threads(2, body, mesh="auto")[0][0] == 100 + header  # 2 ranks: the ring
