@@ -142,7 +142,8 @@ def _in_peer(name: str, rank: int, n: int) -> int:
 
 
 def _pack(messages: Sequence[bytes | bytearray | memoryview]) -> bytes:
-    return b"".join([_LEN.pack(len(m)) for m in messages] + [bytes(m) for m in messages])
+    """A bundle: each message's length (uint64), then the messages (one copy)."""
+    return b"".join([*(_LEN.pack(len(m)) for m in messages), *messages])
 
 
 def _unpack(
