@@ -397,141 +397,169 @@ def connect_mesh(
 ) -> Communicator:
     """Form the ring (:func:`~sparkdl.comm.tcp.connect_ring`) and, for ``mode`` ``"mesh"`` or
     ``"auto"`` with two ranks or more, the log-depth links: one listener per incoming link,
-    every listener's port published in one more round of ``exchange``, each connection
-    authenticated with ``secret`` under a context naming the link (shared memory only on the
-    ring). ``"plain"`` returns the ring itself."""
+    whose ports travel with the ring's address in its one round of ``exchange``
+    (``host:port|port,port,...``), each connection authenticated with ``secret`` under a
+    context naming the link (shared memory only on the ring). ``"plain"`` returns the ring
+    itself."""
     if mode not in MESH_MODES:
         raise ConfigurationError(f"mesh: expected one of {list(MESH_MODES)}, got {mode!r}")
-    ring = connect_ring(
-        rank,
-        world_size,
-        exchange,
-        secret=secret,
-        timeout_s=timeout_s,
-        bind_host=bind_host,
-        advertise_host=advertise_host,
-        port_range=port_range,
-        shared_memory=shared_memory,
-        wire_integrity=wire_integrity,
-    )
+
+    def ring(ring_exchange: Callable[[str], list[str]]) -> TcpRingCommunicator:
+        return connect_ring(
+            rank,
+            world_size,
+            ring_exchange,
+            secret=secret,
+            timeout_s=timeout_s,
+            bind_host=bind_host,
+            advertise_host=advertise_host,
+            port_range=port_range,
+            shared_memory=shared_memory,
+            wire_integrity=wire_integrity,
+        )
+
     if mode == "plain" or world_size == 1:
-        return ring
+        return ring(exchange)
+    links = _Links(rank, world_size, _auth.check_secret(secret), timeout_s, bind_host,
+                   port_range, wire_integrity == "mac")
     try:
-        shifts, pairs = _connect_links(
-            rank, world_size, exchange, ring, _auth.check_secret(secret), bind_host,
-            advertise_host, port_range, wire_integrity == "mac",
-        )
+        comm = ring(links.exchange_with(exchange))
     except BaseException:
-        ring.close()
+        links.abort()
         raise
-    return MeshCommunicator(ring, shifts, pairs, mode)
-
-
-def _parse_ports(text: str, rank: int, count: int) -> tuple[str, list[int]]:
-    """``host:port,port,...`` as published by :func:`_connect_links`."""
-    host, sep, ports = str(text).rpartition(":")
-    parts = ports.split(",")
-    if not sep or not host or len(parts) != count or not all(x.isdigit() for x in parts):
-        raise CommunicationError(
-            f"rank {rank} published a bad mesh address {text!r} (expected host and {count} ports)"
-        )
-    return host.strip("[]"), [int(x) for x in parts]
-
-
-def _connect_links(
-    rank: int,
-    n: int,
-    exchange: Callable[[str], list[str]],
-    ring: TcpRingCommunicator,
-    secret: bytes,
-    bind_host: str,
-    advertise_host: str | None,
-    port_range: tuple[int, int] | None,
-    mac: bool,
-) -> tuple[dict[int, TcpRingCommunicator], dict[int, TcpRingCommunicator]]:
-    timeout_s = ring.timeout_s
-    deadline = time.monotonic() + timeout_s
-    names = _in_links(rank, n)
-    acceptors: dict[str, _Acceptor] = {}
-    outgoing: dict[str, tuple[socket.socket, _auth.Session, _Peer]] = {}
-    done = False
     try:
-        ports = []
-        for name in names:
-            listener = listen_on(bind_host, port_range, configure=_tune)
-            ports.append(str(listener.getsockname()[1]))
-            ctx = _MESH_CTX + f"{name}:{rank}".encode()
-            acceptors[name] = _Acceptor(
-                listener, secret, ctx, (_in_peer(name, rank, n), n), deadline
-            )
-            acceptors[name].start()
-        host = advertise_host or bind_host
-        if host in ("0.0.0.0", "::", ""):
-            host = socket.gethostbyname(socket.gethostname())
+        shifts, pairs = links.connect(comm)
+    except BaseException:
+        comm.close()
+        raise
+    return MeshCommunicator(comm, shifts, pairs, mode)
+
+
+def _parse_ports(text: str, rank: int, count: int) -> list[int]:
+    """The ``port,port,...`` a rank published after its ring address."""
+    parts = str(text).split(",") if count else []
+    if len(parts) != count or not all(x.isdigit() for x in parts):
+        raise CommunicationError(
+            f"rank {rank} published bad mesh ports {text!r} (expected {count})"
+        )
+    return [int(x) for x in parts]
+
+
+class _Links:
+    """The log-depth links of one rank while they form: listeners first (their ports go out
+    with the ring's address), connections once the ring stands."""
+
+    def __init__(
+        self,
+        rank: int,
+        n: int,
+        secret: bytes,
+        timeout_s: float,
+        bind_host: str,
+        port_range: tuple[int, int] | None,
+        mac: bool,
+    ) -> None:
+        self.rank, self.n, self.secret, self.mac = rank, n, secret, mac
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.names = _in_links(rank, n)
+        self.acceptors: dict[str, _Acceptor] = {}
+        self.outgoing: dict[str, tuple[socket.socket, _auth.Session, _Peer]] = {}
+        self.ports: list[int] = []
+        self.published: list[str] = []  # every rank's link ports, as published
+        self.hosts: list[str] = []  # every rank's host, from its ring address
         try:
-            addresses = exchange(f"{host}:{','.join(ports)}")
-        except CommunicationError:
-            raise
-        except Exception as exc:
-            raise CommunicationError(f"rank {rank}: mesh address exchange failed: {exc}") from exc
-        if len(addresses) != n:
-            raise CommunicationError(
-                f"rank {rank}: mesh address exchange returned {len(addresses)} entries, "
-                f"expected {n}"
-            )
-        published = [_parse_ports(a, q, len(_in_links(q, n))) for q, a in enumerate(addresses)]
-        for name, peer in _out_links(rank, n):
-            phost, peer_ports = published[peer]
-            port = peer_ports[_in_links(peer, n).index(name)]
-            ctx = _MESH_CTX + f"{name}:{peer}".encode()
-            sock, _, _, _, session = _connect(
-                phost, port, peer, rank, n, secret, deadline, False, ctx=ctx
-            )
-            outgoing[name] = (sock, session, _Peer(peer, phost, port))
-        for name in names:
-            if acceptors[name].wait() is None:
-                peer = _in_peer(name, rank, n)
-                raise CommunicationError(
-                    f"rank {rank}: rank {peer} did not connect and authenticate its mesh link "
-                    f"{name} within {timeout_s:.1f} s"
+            for name in self.names:
+                listener = listen_on(bind_host, port_range, configure=_tune)
+                self.ports.append(listener.getsockname()[1])
+                ctx = _MESH_CTX + f"{name}:{rank}".encode()
+                acceptor = _Acceptor(
+                    listener, secret, ctx, (_in_peer(name, rank, n), n), self.deadline
                 )
-        shifts: dict[int, TcpRingCommunicator] = {}
-        pairs: dict[int, TcpRingCommunicator] = {}
-        handshake = _auth.CONNECTOR_REPLY_BYTES + _auth.HANDSHAKE_BYTES_ACCEPTOR
-        for name in names:
-            acc = acceptors[name]
-            sock_out, session, next_peer = outgoing[name]
-            prev = _in_peer(name, rank, n)
-            prev_host, prev_ports = published[prev]
-            sent, received = acc.handshake_bytes
-            ring.counters.bytes_sent += 2 * handshake + sent
-            ring.counters.bytes_received += 2 * handshake + received
-            link = TcpRingCommunicator(
-                rank,
-                n,
-                acc._result,
-                sock_out,
-                _Peer(prev, prev_host, prev_ports[0]),
-                next_peer,
-                timeout_s=timeout_s,
-                counters=ring.counters,
-                tx_mac_key=session.key_c2a if mac else None,
-                rx_mac_key=acc.session.key_c2a if mac and acc.session else None,
-            )
-            if name[0] == "s":
-                shifts[int(name[1:])] = link
-            else:
-                pairs[prev] = link
-        done = True
-        return shifts, pairs
-    finally:
-        for acc in acceptors.values():
+                self.acceptors[name] = acceptor
+                acceptor.start()
+        except BaseException:
+            self.abort()
+            raise
+
+    def exchange_with(self, exchange: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
+        """The ring's exchange, carrying this rank's link ports along."""
+
+        def wrapped(address: str) -> list[str]:
+            values = exchange(f"{address}|{','.join(map(str, self.ports))}")
+            self.published = [str(v).partition("|")[2] for v in values]
+            ring_addresses = [str(v).partition("|")[0] for v in values]
+            self.hosts = [a.rpartition(":")[0].strip("[]") for a in ring_addresses]
+            return ring_addresses
+
+        return wrapped
+
+    def connect(
+        self, ring: TcpRingCommunicator
+    ) -> tuple[dict[int, TcpRingCommunicator], dict[int, TcpRingCommunicator]]:
+        rank, n = self.rank, self.n
+        done = False
+        try:
+            ports = [_parse_ports(t, q, len(_in_links(q, n))) for q, t in enumerate(self.published)]
+            addresses = self.hosts
+            for name, peer in _out_links(rank, n):
+                host = addresses[peer]
+                port = ports[peer][_in_links(peer, n).index(name)]
+                ctx = _MESH_CTX + f"{name}:{peer}".encode()
+                sock, _, _, _, session = _connect(
+                    host, port, peer, rank, n, self.secret, self.deadline, False, ctx=ctx
+                )
+                self.outgoing[name] = (sock, session, _Peer(peer, host, port))
+            for name in self.names:
+                if self.acceptors[name].wait() is None:
+                    raise CommunicationError(
+                        f"rank {rank}: rank {_in_peer(name, rank, n)} did not connect and "
+                        f"authenticate its mesh link {name} within {self.timeout_s:.1f} s"
+                    )
+            shifts: dict[int, TcpRingCommunicator] = {}
+            pairs: dict[int, TcpRingCommunicator] = {}
+            handshake = _auth.CONNECTOR_REPLY_BYTES + _auth.HANDSHAKE_BYTES_ACCEPTOR
+            for name in self.names:
+                acc = self.acceptors[name]
+                sock_out, session, next_peer = self.outgoing[name]
+                prev = _in_peer(name, rank, n)
+                sent, received = acc.handshake_bytes
+                ring.counters.bytes_sent += 2 * handshake + sent
+                ring.counters.bytes_received += 2 * handshake + received
+                link = TcpRingCommunicator(
+                    rank,
+                    n,
+                    acc._result,
+                    sock_out,
+                    _Peer(prev, addresses[prev], ports[prev][0]),
+                    next_peer,
+                    timeout_s=self.timeout_s,
+                    counters=ring.counters,
+                    tx_mac_key=session.key_c2a if self.mac else None,
+                    rx_mac_key=acc.session.key_c2a if self.mac and acc.session else None,
+                )
+                if name[0] == "s":
+                    shifts[int(name[1:])] = link
+                else:
+                    pairs[prev] = link
+            done = True
+            return shifts, pairs
+        finally:
+            self.stop()
+            if not done:
+                self.abort()
+
+    def stop(self) -> None:
+        for acc in self.acceptors.values():
             acc.stop()
-        if not done:
-            for sock, _, _ in outgoing.values():
+
+    def abort(self) -> None:
+        """Stop accepting and close every connection made so far."""
+        self.stop()
+        for sock, _, _ in self.outgoing.values():
+            with contextlib.suppress(OSError):
+                sock.close()
+        for acc in self.acceptors.values():
+            if acc._result is not None:
                 with contextlib.suppress(OSError):
-                    sock.close()
-            for acc in acceptors.values():
-                if acc._result is not None:
-                    with contextlib.suppress(OSError):
-                        acc._result.close()
+                    acc._result.close()

@@ -243,11 +243,11 @@ def test_a_link_accepts_only_the_peer_authenticated_for_it() -> None:
 
     real = mesh_module._parse_ports
 
-    def attacking(text: str, rank: int, count: int):
-        host, ports = real(text, rank, count)
+    def attacking(text: str, rank: int, count: int) -> list[int]:
+        ports = real(text, rank, count)
         if rank == 1 and "ring" not in report:
             report["ring"] = "pending"
-            with socket.create_connection((host, ports[0]), timeout=5) as bad:
+            with socket.create_connection(("127.0.0.1", ports[0]), timeout=5) as bad:
                 try:
                     _auth.authenticate_connector(bad, SECRET, b"sparkdl-ring-v1:1", 0, 4,
                                                  time.monotonic() + 5)
@@ -255,7 +255,7 @@ def test_a_link_accepts_only_the_peer_authenticated_for_it() -> None:
                     report["ring"] = "closed" if bad.recv(1) == b"" else "accepted"
                 except (OSError, CommunicationError) as exc:
                     report["ring"] = f"rejected: {type(exc).__name__}"
-        return host, ports
+        return ports
 
     mesh_module._parse_ports = attacking
     try:
@@ -291,3 +291,18 @@ def test_auto_chooses_by_rank_count_and_the_size_every_rank_knows() -> None:
     want = [bruck[0], bruck[1], ring, bruck[0], halving, ring_reduce]
     assert run_threads(world, body, mesh="auto") == [want] * world
     assert run_threads(2, body, mesh="auto")[0][0] == 100 + header  # 2 ranks: the ring
+
+
+def test_mesh_applies_to_each_ring_of_the_hierarchical_topology() -> None:
+    hosts = ["a"] * 4 + ["b"] * 3 + ["c"] * 2
+
+    def kinds(rank: int, comm: Any) -> list[str]:
+        return [type(c).__name__ for c in (comm.local, comm.leaders) if c is not None]
+
+    assert "MeshCommunicator" in run_threads(9, kinds, hosts=hosts, topology="hierarchical",
+                                             mesh="mesh")[0]
+    ring = run_threads(9, _run_plan(5), hosts=hosts, topology="hierarchical")
+    ours = run_threads(9, _run_plan(5), hosts=hosts, topology="hierarchical", mesh="mesh")
+    for got, ref in zip(ours, ring, strict=True):
+        assert all(step[1] for step in got)
+        assert [s for s in got if s[0] != "allreduce"] == [s for s in ref if s[0] != "allreduce"]
