@@ -170,10 +170,10 @@ class _RowGroupFetcher:
         handle = handles[path] = ShardFileHandle(self.uri, path, self.metadata)
         return handle
 
-    def _read(self, path: str, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def _read(self, path: str, index: int) -> tuple[np.ndarray, ...]:
         return self._open(path).read_group(index)
 
-    def fetch(self, pieces: list[tuple[str, int]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def fetch(self, pieces: list[tuple[str, int]]) -> Iterator[tuple[np.ndarray, ...]]:
         """Yield the decoded pieces in order. Each yielded row group stays counted in
         ``stats.buffered_row_groups`` until the consumer calls ``stats.release()``."""
         if self._pool is None:
@@ -230,110 +230,109 @@ class _RowGroupFetcher:
 # Row groups -> batches
 
 
+Columns = tuple[np.ndarray, ...]  # a row group's or a batch's arrays: x, y[, sample weight]
+
+
 def _batches_in_order(
-    chunks: Iterator[tuple[np.ndarray, np.ndarray]],
+    chunks: Iterator[Columns],
     batch_size: int,
     stats: ReaderStats,
     *,
     last_partial: bool,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Cut row groups into batches in file order.
+) -> Iterator[Columns]:
+    """Cut row groups (tuples of column arrays) into batches in file order.
 
     Batches inside one row group are views; only a batch straddling row groups is copied (and
     the tail of a row group is copied, so a consumed row group is never kept alive by it).
     """
-    part_x: list[np.ndarray] = []
-    part_y: list[np.ndarray] = []
+    parts: list[list[np.ndarray]] = []
     held = 0
-    for gx, gy in chunks:
+    for group in chunks:
         try:
+            rows = len(group[0])
+            if not parts:
+                parts = [[] for _ in group]
             start = 0
             if held:
-                start = min(batch_size - held, len(gx))
-                part_x.append(gx[:start])
-                part_y.append(gy[:start])
+                start = min(batch_size - held, rows)
+                for part, column in zip(parts, group):
+                    part.append(column[:start])
                 held += start
                 if held == batch_size:
-                    bx, by = np.concatenate(part_x), np.concatenate(part_y)
-                    part_x, part_y, held = [], [], 0
-                    yield bx, by
-            full = (len(gx) - start) // batch_size
+                    batch = tuple(np.concatenate(part) for part in parts)
+                    parts, held = [[] for _ in group], 0
+                    yield batch
+            full = (rows - start) // batch_size
             for b in range(full):
                 s = start + b * batch_size
-                yield gx[s:s + batch_size], gy[s:s + batch_size]
+                yield tuple(column[s:s + batch_size] for column in group)
             rest = start + full * batch_size
-            if rest < len(gx):
-                part_x.append(gx[rest:].copy())
-                part_y.append(gy[rest:].copy())
-                held += len(gx) - rest
+            if rest < rows:
+                for part, column in zip(parts, group):
+                    part.append(column[rest:].copy())
+                held += rows - rest
         finally:  # also when the consumer stops inside this row group
-            del gx, gy
+            del group
             stats.release()
     if last_partial and held:
-        yield np.concatenate(part_x), np.concatenate(part_y)
+        yield tuple(np.concatenate(part) for part in parts)
 
 
 def _batches_shuffled(
-    chunks: Iterator[tuple[np.ndarray, np.ndarray]],
+    chunks: Iterator[Columns],
     batch_size: int,
     stats: ReaderStats,
     *,
     window: int,
     rng: np.random.Generator,
-    empty: tuple[np.ndarray, np.ndarray],
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    empty: Columns,
+) -> Iterator[Columns]:
     """Shuffle rows within windows of ``window`` row groups plus the rows carried over from
     the previous window, and cut the result into full batches (the last remainder is dropped).
 
     Each window is gathered into its shuffled order with one copy (a scatter per row group).
     """
-    carry_x, carry_y = empty
-    group_x: list[np.ndarray] = []
-    group_y: list[np.ndarray] = []
+    carry = empty
+    groups: list[Columns] = []
     chunks = iter(chunks)
     exhausted = False
     try:
         while not exhausted:
-            for gx, gy in chunks:
-                group_x.append(gx)
-                group_y.append(gy)
-                if len(group_x) == window:
+            for group in chunks:
+                groups.append(group)
+                if len(groups) == window:
                     break
             else:
                 exhausted = True
-            if not group_x:
+            if not groups:
                 break
-            x, y = _scatter_shuffled([carry_x, *group_x], [carry_y, *group_y], rng)
-            stats.release(len(group_x))
-            group_x.clear()
-            group_y.clear()
-            full = len(x) // batch_size
+            shuffled = _scatter_shuffled([carry, *groups], rng)
+            stats.release(len(groups))
+            groups.clear()
+            full = len(shuffled[0]) // batch_size
             for b in range(full):
                 s = slice(b * batch_size, (b + 1) * batch_size)
-                yield x[s], y[s]
-            carry_x, carry_y = x[full * batch_size:].copy(), y[full * batch_size:].copy()
-            del x, y
+                yield tuple(column[s] for column in shuffled)
+            carry = tuple(column[full * batch_size:].copy() for column in shuffled)
+            del shuffled
     finally:  # the consumer stopped while row groups were still gathered
-        stats.release(len(group_x))
+        stats.release(len(groups))
 
 
-def _scatter_shuffled(
-    parts_x: list[np.ndarray], parts_y: list[np.ndarray], rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """``concatenate(parts)[rng.permutation(n)]`` with one copy instead of two."""
-    n = sum(len(p) for p in parts_x)
+def _scatter_shuffled(groups: list[Columns], rng: np.random.Generator) -> Columns:
+    """``concatenate(groups)[rng.permutation(n)]`` per column, with one copy instead of two."""
+    n = sum(len(g[0]) for g in groups)
     perm = rng.permutation(n)
     where = np.empty_like(perm)
     where[perm] = np.arange(n)  # row i of the concatenation goes to position where[i]
-    x = np.empty((n, *parts_x[0].shape[1:]), parts_x[0].dtype)
-    y = np.empty((n, *parts_y[0].shape[1:]), parts_y[0].dtype)
+    out = tuple(np.empty((n, *column.shape[1:]), column.dtype) for column in groups[0])
     offset = 0
-    for px, py in zip(parts_x, parts_y):
-        dest = where[offset:offset + len(px)]
-        x[dest] = px
-        y[dest] = py
-        offset += len(px)
-    return x, y
+    for group in groups:
+        dest = where[offset:offset + len(group[0])]
+        for target, column in zip(out, group):
+            target[dest] = column
+        offset += len(group[0])
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -472,8 +471,7 @@ def read_all(
             h.close()
     if not arrays:
         return metadata.unpack(*empty_arrays(metadata))
-    return metadata.unpack(np.concatenate([a[0] for a in arrays]),
-                           np.concatenate([a[1] for a in arrays]))
+    return metadata.unpack(*(np.concatenate(column) for column in zip(*arrays)))
 
 
 def iter_batches(
@@ -506,8 +504,8 @@ def iter_batches(
     )
     chunks = fetcher.fetch(pieces)
     try:
-        for x, y in _batches_in_order(chunks, batch_size, stats, last_partial=True):
-            yield metadata.unpack(x, y)
+        for batch in _batches_in_order(chunks, batch_size, stats, last_partial=True):
+            yield metadata.unpack(*batch)
     finally:
         chunks.close()
         fetcher.close()

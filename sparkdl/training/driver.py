@@ -59,6 +59,7 @@ class FitOptions:
     prefetch: int = 4
     decode_threads: int = 2
     timeline: str | None = None
+    class_weight: dict[int, float] | None = None
 
     def check(self) -> None:
         for name in ("epochs", "validation_freq", "validation_batch_size", "checkpoint_every",
@@ -119,11 +120,13 @@ def run_fit(
     from sparkdl.training.events import DriverCallbacks, needs_weights
     from sparkdl.training.progress import ProgressLogger, resolve_verbose
     from sparkdl.training.serialization import model_from_bytes
+    from sparkdl.training.weights import check_class_weight
     from sparkdl.training.worker import EventsSpec, make_worker_spec
 
     options.check()
     verbose = resolve_verbose(options.verbose)
     metadata = read_metadata(data_uri)
+    class_weight = check_class_weight(options.class_weight, metadata, data_uri)
     launcher.check_slots(master.num_workers)
     validation = _validation_spec(options) if options.validation_data else None
     checkpoint = _checkpoint_settings(options)
@@ -134,7 +137,7 @@ def run_fit(
         custom_objects=custom_objects, threads=launcher.threads_per_worker,
         shuffle=options.shuffle, checkpoint=checkpoint, initial_epoch=options.initial_epoch,
         validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
-        timeline=options.timeline,
+        timeline=options.timeline, class_weight=class_weight,
     )
     if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
         log_every = max(1, spec.steps_per_epoch // 20) if verbose == 1 else 0

@@ -16,6 +16,7 @@ from sparkdl.training import timeline
 from sparkdl.training.metrics import CompiledMetrics
 from sparkdl.training.overlap import InFlightExchange, overlap_timeout
 from sparkdl.training.variables import FlatVariables
+from sparkdl.training.weights import split_target
 
 
 @dataclass
@@ -76,8 +77,9 @@ class UpdateExchange(abc.ABC):
 
     # The template -----------------------------------------------------------------------
 
-    def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
-        """Run one step on batch ``(x, y)``; ``step`` counts from 0 over the whole fit."""
+    def step(self, x: np.ndarray, y: Any, step: int) -> StepResult:
+        """Run one step on batch ``(x, y)``; ``step`` counts from 0 over the whole fit. ``y``
+        may be :class:`~sparkdl.training.weights.Weighted` (labels with sample weights)."""
         watch = Stopwatch()
         loss, update, finite = self.compute_update(x, y, step)
         if not bool(finite):
@@ -200,11 +202,14 @@ class UpdateExchange(abc.ABC):
 
     # Shared building blocks -------------------------------------------------------------
 
-    def _loss(self, x: tf.Tensor, y: tf.Tensor, training: bool = True) -> tf.Tensor:
-        """The batch loss; also adds the batch to the model's compiled metrics."""
+    def _loss(self, x: tf.Tensor, y: Any, training: bool = True) -> tf.Tensor:
+        """The batch loss (the model's own ``compute_loss``, with the sample weights of a
+        :class:`~sparkdl.training.weights.Weighted` target, as Keras's ``train_step``); also
+        adds the batch to the model's compiled metrics."""
+        y, sample_weight = split_target(y)
         y_pred = self.model(x, training=training)
-        loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=training)
-        self.metrics.update(x, y, y_pred)
+        loss = model_loss(self.model, x, y, y_pred, sample_weight, training)
+        self.metrics.update(x, y, y_pred, sample_weight)
         return loss
 
     def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor):
@@ -219,6 +224,15 @@ class UpdateExchange(abc.ABC):
     def _apply_flat(self, flat: tf.Tensor) -> None:
         """One optimizer step with the flat gradient ``flat``."""
         self.model.optimizer.apply(self.trainable.split(flat), self.model.trainable_variables)
+
+
+def model_loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool
+               ) -> tf.Tensor:
+    """``model.compute_loss`` as Keras's ``train_step`` calls it (an override that predates its
+    ``training`` argument is called without it)."""
+    if getattr(model, "_compute_loss_has_training_arg", True):
+        return model.compute_loss(x, y, y_pred, sample_weight, training=training)
+    return model.compute_loss(x, y, y_pred, sample_weight)
 
 
 class Stopwatch:

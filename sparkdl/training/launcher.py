@@ -70,6 +70,7 @@ class KerasFit:
         prefetch: int = 4,
         decode_threads: int = 2,
         timeline: str | None = None,
+        class_weight: dict[int, float] | None = None,
     ) -> FitResult:
         """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
 
@@ -99,6 +100,11 @@ class KerasFit:
             timeline: a directory URI: every worker writes a Chrome trace of its steps there,
                 ``rank-<N>.json`` (see :mod:`sparkdl.training.timeline`); the files' URIs are
                 in ``history.metrics["timeline"]``.
+            class_weight: ``{class index: weight}``, Keras's ``class_weight``: each training
+                row's loss and metrics weighted by its class's weight (unnamed classes: 1);
+                not with shards that carry sample weights (Keras refuses both at once).
+                Sample weights come from the shards' weight column (``write_shards(...,
+                sample_weight=True)``, ``SparkModel.fit(df, sample_weight_col=...)``).
         """
         from sparkdl.errors import ConfigurationError
         from sparkdl.training.driver import FitOptions, run_fit
@@ -119,7 +125,7 @@ class KerasFit:
             initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
             checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
-            decode_threads=decode_threads, timeline=timeline,
+            decode_threads=decode_threads, timeline=timeline, class_weight=class_weight,
         )
         history, self.model = run_fit(
             self.model, self.training_master, self._launcher(), data, options,

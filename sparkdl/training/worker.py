@@ -68,6 +68,7 @@ class WorkerSpec:
     prefetch: int = 4
     decode_threads: int = 2
     timeline: str | None = None  # URI: write a Chrome trace per rank there
+    class_weight: dict[int, float] | None = None  # Keras's class_weight, checked
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -203,6 +204,7 @@ class Validation(WorkerCallback):
 
     def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
         from sparkdl.data.reader import iter_batches
+        from sparkdl.training.weights import model_batch
 
         if (epoch + 1) % self.spec.freq:
             return
@@ -212,9 +214,11 @@ class Validation(WorkerCallback):
         totals = np.zeros(2, np.float64)  # loss × rows, rows
         files = self.spec.files[comm.rank :: comm.world_size]
         if files:
-            for x, y in iter_batches(self.spec.uri, files, self.spec.batch_size,
-                                     metadata=self.metadata):
-                rows = len(next(iter(y.values()))) if isinstance(y, dict) else len(y)
+            for batch in iter_batches(self.spec.uri, files, self.spec.batch_size,
+                                      metadata=self.metadata):
+                x, y = model_batch(batch)
+                labels = batch[1]
+                rows = len(next(iter(labels.values()))) if isinstance(labels, dict) else len(labels)
                 totals += (exchange.evaluate_batch(x, y) * rows, rows)
         state = np.concatenate([totals, exchange.metrics.state()])
         if comm.world_size > 1:
@@ -303,12 +307,18 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         prefetch=spec.prefetch,
         decode_threads=spec.decode_threads,
     )
+    batches: Any = reader.epoch
+    if spec.class_weight:  # Keras's class_weight: per-row sample weights of the labels
+        from sparkdl.training.weights import class_weight_table, with_class_weights
+
+        table = class_weight_table(spec.class_weight, metadata.num_classes)
+        batches = lambda epoch: with_class_weights(reader.epoch(epoch), table)  # noqa: E731
     global_step_at_start = start.epoch * spec.steps_per_epoch + start.step_in_epoch
     try:
         loop = TrainingLoop(
             exchange,
             comm,
-            reader.epoch,
+            batches,
             epochs=spec.epochs,
             steps_per_epoch=spec.steps_per_epoch,
             batch_size=master.batch_size_per_worker,
