@@ -98,6 +98,11 @@ class DataConfig(_Section):
     dir: str = "runs/digits/data"
     options: dict[str, Any] = Field(default_factory=dict)
     overwrite: bool = True
+    sample_weight_column: str | None = Field(
+        default=None, min_length=1,
+        description="csv pipeline: the column written as the shards' per-row sample weights "
+        "(Keras's sample_weight); the loss and compiled metrics are weighted by it",
+    )
 
 
 class OptimizerConfig(_Section):
@@ -222,6 +227,11 @@ class TrainingConfig(_Section):
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
+    class_weight: dict[int, float] | None = Field(
+        default=None,
+        description="Keras's class_weight: {class index: weight}, each training row's loss "
+        "and metrics weighted by its class's weight (classes not named: 1)",
+    )
     timeline: str | None = Field(
         default=None, min_length=1,
         description="a directory URI: every worker writes a Chrome trace (chrome://tracing, "

@@ -79,7 +79,7 @@ def test_class_weights_train_as_keras_fit_with_class_weight(tmp_path):
 
 
 def test_weighted_validation_matches_keras_evaluate_with_sample_weight(tmp_path):
-    x, y, w = _data()
+    x, y, _ = _data()
     vx, vy, vw = _data(seed=5)
     uri = write_shards(tmp_path / "train", x, y, None)
     val = write_shards(tmp_path / "val", vx, vy, vw)
