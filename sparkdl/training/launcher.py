@@ -114,8 +114,9 @@ class KerasFit:
                 f"fit() takes the URI of a shard directory, got {type(data).__name__}"
             )
         from sparkdl.data.metadata import load_metadata
-        from sparkdl.training.model_check import check_model_fits_shards
+        from sparkdl.training.model_check import check_model_fits_shards, check_training_step
 
+        check_training_step(self.model)
         for uri in (data, validation_data):  # on the driver, before any task starts
             if isinstance(uri, str):
                 check_model_fits_shards(self.model, load_metadata(uri), uri)
