@@ -227,6 +227,11 @@ class TrainingConfig(_Section):
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
+    accumulate_steps: int = Field(
+        default=1, ge=1,
+        description="mode dense: exchange once every k steps (micro-batches), the mean of "
+        "their gradients (Horovod's backward_passes_per_step)",
+    )
     class_weight: dict[int, float] | None = Field(
         default=None,
         description="Keras's class_weight: {class index: weight}, each training row's loss "
@@ -244,6 +249,12 @@ class TrainingConfig(_Section):
             raise ValueError(
                 "overlap: true applies to mode 'sharing' or 'dense', not 'averaging'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _accumulate_mode(self) -> TrainingConfig:
+        if self.accumulate_steps > 1 and self.mode in ("sharing", "averaging"):
+            raise ValueError(f"accumulate_steps applies to mode 'dense', not {self.mode!r}")
         return self
 
     @model_validator(mode="after")

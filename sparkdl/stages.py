@@ -158,6 +158,7 @@ def _train(
         decode_threads=training.decode_threads,
         timeline=as_uri(training.timeline) if training.timeline else None,
         class_weight=training.class_weight,
+        accumulate_steps=training.accumulate_steps,
     )
     new = out.staging  # nothing in output.dir changes until the whole unit is ready
     spark_model.model.save(new / MODEL_FILE)

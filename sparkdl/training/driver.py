@@ -60,10 +60,11 @@ class FitOptions:
     decode_threads: int = 2
     timeline: str | None = None
     class_weight: dict[int, float] | None = None
+    accumulate_steps: int = 1
 
     def check(self) -> None:
         for name in ("epochs", "validation_freq", "validation_batch_size", "checkpoint_every",
-                     "prefetch", "decode_threads"):
+                     "prefetch", "decode_threads", "accumulate_steps"):
             _positive_int(name, getattr(self, name))
         if isinstance(self.initial_epoch, bool) or not isinstance(self.initial_epoch, int) or (
             not 0 <= self.initial_epoch < self.epochs
@@ -127,6 +128,12 @@ def run_fit(
     verbose = resolve_verbose(options.verbose)
     metadata = read_metadata(data_uri)
     class_weight = check_class_weight(options.class_weight, metadata, data_uri)
+    if options.accumulate_steps > 1 and getattr(master, "mode", None) != "dense":
+        raise ConfigurationError(
+            f"accumulate_steps={options.accumulate_steps} applies to dense training (mode "
+            f"'dense'), not to {type(master).__name__}: its exchange shares optimizer updates "
+            "or averages weights, not gradients"
+        )
     launcher.check_slots(master.num_workers)
     validation = _validation_spec(options) if options.validation_data else None
     checkpoint = _checkpoint_settings(options)
@@ -138,6 +145,7 @@ def run_fit(
         shuffle=options.shuffle, checkpoint=checkpoint, initial_epoch=options.initial_epoch,
         validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
         timeline=options.timeline, class_weight=class_weight,
+        accumulate_steps=options.accumulate_steps,
     )
     if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
         log_every = max(1, spec.steps_per_epoch // 20) if verbose == 1 else 0

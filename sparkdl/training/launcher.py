@@ -71,6 +71,7 @@ class KerasFit:
         decode_threads: int = 2,
         timeline: str | None = None,
         class_weight: dict[int, float] | None = None,
+        accumulate_steps: int = 1,
     ) -> FitResult:
         """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
 
@@ -105,6 +106,9 @@ class KerasFit:
                 not with shards that carry sample weights (Keras refuses both at once).
                 Sample weights come from the shards' weight column (``write_shards(...,
                 sample_weight=True)``, ``SparkModel.fit(df, sample_weight_col=...)``).
+            accumulate_steps: exchange once every this many steps (micro-batches), the mean
+                of their gradients: dense training's equivalent of a batch this many times
+                larger (Horovod's ``backward_passes_per_step``).
         """
         from sparkdl.errors import ConfigurationError
         from sparkdl.training.driver import FitOptions, run_fit
@@ -127,6 +131,7 @@ class KerasFit:
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
             checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
             decode_threads=decode_threads, timeline=timeline, class_weight=class_weight,
+            accumulate_steps=accumulate_steps,
         )
         history, self.model = run_fit(
             self.model, self.training_master, self._launcher(), data, options,

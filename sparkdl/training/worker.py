@@ -69,6 +69,7 @@ class WorkerSpec:
     decode_threads: int = 2
     timeline: str | None = None  # URI: write a Chrome trace per rank there
     class_weight: dict[int, float] | None = None  # Keras's class_weight, checked
+    accumulate_steps: int = 1  # exchange once every this many micro-batches
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -293,6 +294,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         )
     metadata = ShardMetadata.from_json(spec.metadata_json)
     exchange = master.create_exchange(model, comm, job_id=spec.job_id)
+    exchange.accumulate(spec.accumulate_steps)
     if resumed:
         _restore_exchange_state(exchange, _saved_states(resumed, store, comm), comm.rank)
     callbacks = _worker_callbacks(spec, comm, secret, policy, store, run_id)
