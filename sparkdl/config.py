@@ -227,6 +227,11 @@ class TrainingConfig(_Section):
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
+    shuffle: Literal["global", "window", "none"] = Field(
+        default="global",
+        description="'global': a new seeded assignment of row groups to workers every epoch "
+        "plus the in-worker window; 'window': the in-worker window only; 'none': file order",
+    )
     accumulate_steps: int = Field(
         default=1, ge=1,
         description="mode dense: exchange once every k steps (micro-batches), the mean of "

@@ -159,6 +159,7 @@ def _train(
         timeline=as_uri(training.timeline) if training.timeline else None,
         class_weight=training.class_weight,
         accumulate_steps=training.accumulate_steps,
+        shuffle=training.shuffle,
     )
     new = out.staging  # nothing in output.dir changes until the whole unit is ready
     spark_model.model.save(new / MODEL_FILE)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -45,14 +45,37 @@ class WorkerSlice:
     rows: int
 
 
+#: ``fit(shuffle=...)``: a new seeded assignment of row groups to workers every epoch plus
+#: the in-worker shuffle (``global``), the in-worker shuffle of a fixed assignment
+#: (``window``: row-group order and rows within a window of row groups), or file order.
+SHUFFLE_MODES = ("global", "window", "none")
+
+
+def shuffle_mode(shuffle: bool | str) -> str:
+    """Keras's boolean ``shuffle`` (True: ``global``, False: ``none``) or a mode's name."""
+    if shuffle is True or shuffle is False:
+        return "global" if shuffle else "none"
+    if shuffle not in SHUFFLE_MODES:
+        raise ConfigurationError(
+            f"shuffle must be True, False or one of {', '.join(SHUFFLE_MODES)}, got {shuffle!r}"
+        )
+    return str(shuffle)
+
+
 def plan_slices(
-    metadata: ShardMetadata, num_workers: int, batch_size: int
+    metadata: ShardMetadata, num_workers: int, batch_size: int, *,
+    seed: int | None = None, epoch: int = 0,
 ) -> tuple[list[WorkerSlice], int]:
     """Split the row groups of a shard directory into disjoint, balanced worker slices.
 
     Row groups are assigned greedily, largest first, to the worker holding the fewest rows
     (ties: lowest worker index), which is deterministic. Returns the slices and
     ``steps_per_epoch = min(rows of a slice) // batch_size``, the same for every worker.
+
+    With ``seed``, row groups of the same size are taken in an order drawn from
+    ``(seed, epoch)`` instead of file order (``shuffle="global"``: every epoch's plan): the
+    sequence of sizes is the same, so every worker gets exactly the rows (and steps) of the
+    unseeded plan, from other row groups.
     """
     if num_workers < 1:
         raise ConfigurationError(f"num_workers must be >= 1, got {num_workers}")
@@ -71,7 +94,10 @@ def plan_slices(
             f"more files (num_files >= {num_workers}) or smaller rows_per_group"
         )
     order = {path: k for k, path in enumerate(f.path for f in metadata.files)}
-    # Largest first; ties in file / row-group order (sorted() is stable).
+    if seed is not None:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x5EED]))
+        pieces = [pieces[i] for i in rng.permutation(len(pieces))]
+    # Largest first; ties in file / row-group order, or the drawn order (sorted() is stable).
     pieces.sort(key=lambda p: -p[2])
     assigned: list[list[tuple[str, int, int]]] = [[] for _ in range(num_workers)]
     rows = [0] * num_workers
@@ -92,6 +118,23 @@ def plan_slices(
             f"evenly spread); use a smaller batch size or fewer workers"
         )
     return slices, steps
+
+
+def global_shuffle(metadata: ShardMetadata, num_workers: int, batch_size: int, worker: int,
+                   seed: int) -> Callable[[int], WorkerSlice]:
+    """``epoch -> worker``'s slice of that epoch's seeded plan (``shuffle="global"``)."""
+    def slice_of(epoch: int) -> WorkerSlice:
+        return plan_slices(metadata, num_workers, batch_size, seed=seed, epoch=epoch)[0][worker]
+
+    return slice_of
+
+
+def rows_dropped_per_epoch(metadata: ShardMetadata, num_workers: int, batch_size: int,
+                           steps_per_epoch: int) -> int:
+    """Rows no worker reads in an epoch: every worker stops after ``steps_per_epoch`` full
+    batches of its slice (equal steps keep the collectives in step). The same every epoch,
+    whatever the shuffle: each epoch's plan gives every worker the same number of rows."""
+    return metadata.num_rows - num_workers * steps_per_epoch * batch_size
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,6 +385,9 @@ def _scatter_shuffled(groups: list[Columns], rng: np.random.Generator) -> Column
 class ShardReader:
     """Reads one worker's slice of a shard directory as exactly ``steps_per_epoch`` batches.
 
+    ``epoch_slices(epoch)``, when given, is the slice of each epoch (``shuffle="global"``,
+    :func:`global_shuffle`; as many rows as ``worker_slice``), else ``worker_slice`` always.
+
     Row groups are decoded ahead on up to ``decode_threads`` threads, at most ``prefetch`` of
     them at a time. Use as a context manager (or call :meth:`close`) to stop the threads and
     close the files. Each file's schema and row groups are checked against the metadata when
@@ -363,6 +409,7 @@ class ShardReader:
         read_timeout: float = 600.0,
         max_open_files: int = 16,
         decode_threads: int = 2,
+        epoch_slices: Callable[[int], WorkerSlice] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
@@ -385,6 +432,7 @@ class ShardReader:
         self.shuffle = shuffle
         self.seed = seed
         self.shuffle_window = shuffle_window
+        self.epoch_slices = epoch_slices
         self.stats = ReaderStats()
         self._fetcher = _RowGroupFetcher(
             uri, metadata, self.stats, threads=decode_threads, ahead=prefetch,
@@ -416,7 +464,8 @@ class ShardReader:
 
     def _epoch(self, epoch: int) -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
         rng = self._rng(epoch)
-        pieces = list(self.worker_slice.pieces)
+        own = self.epoch_slices(epoch) if self.epoch_slices else self.worker_slice
+        pieces = list(own.pieces)
         if self.shuffle:
             pieces = [pieces[i] for i in rng.permutation(len(pieces))]
         chunks = self._fetcher.fetch(pieces)

@@ -50,7 +50,7 @@ class FitOptions:
     callbacks: Sequence[keras.callbacks.Callback] | None = None
     verbose: int | str = "auto"
     initial_epoch: int = 0
-    shuffle: bool = True
+    shuffle: bool | str = True
     log_every_steps: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
@@ -91,6 +91,9 @@ class FitOptions:
                     f"callbacks must be keras.callbacks.Callback instances, got "
                     f"{type(callback).__name__}"
                 )
+        from sparkdl.data.reader import shuffle_mode
+
+        shuffle_mode(self.shuffle)
         if self.resume and not self.checkpoint_dir:
             raise ConfigurationError("resume=True needs a checkpoint_dir to resume from")
         if self.timeline is not None:
@@ -118,6 +121,7 @@ def run_fit(
     trained model (rank 0's)."""
     from sparkdl.comm.channel import ChannelServer
     from sparkdl.data.files import read_metadata
+    from sparkdl.data.reader import rows_dropped_per_epoch, shuffle_mode
     from sparkdl.training.events import DriverCallbacks, needs_weights
     from sparkdl.training.progress import ProgressLogger, resolve_verbose
     from sparkdl.training.serialization import model_from_bytes
@@ -142,7 +146,8 @@ def run_fit(
     spec = make_worker_spec(
         model, master, data_uri, metadata, epochs=options.epochs,
         custom_objects=custom_objects, threads=launcher.threads_per_worker,
-        shuffle=options.shuffle, checkpoint=checkpoint, initial_epoch=options.initial_epoch,
+        shuffle=shuffle_mode(options.shuffle), checkpoint=checkpoint,
+        initial_epoch=options.initial_epoch,
         validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
         timeline=options.timeline, class_weight=class_weight,
         accumulate_steps=options.accumulate_steps,
@@ -184,6 +189,9 @@ def run_fit(
 
         steps_per_epoch = replan(spec, len(results)).steps_per_epoch
     history.metrics = summarize_fit(results, master, steps_per_epoch, wall)
+    history.metrics["shuffle"] = spec.shuffle
+    history.metrics["rows_dropped_per_epoch"] = rows_dropped_per_epoch(
+        metadata, len(results), master.batch_size_per_worker, steps_per_epoch)
     if elastic:
         history.metrics["elastic_events"] = events
         for event in events:

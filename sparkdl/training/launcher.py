@@ -61,7 +61,7 @@ class KerasFit:
         callbacks: Sequence[keras.callbacks.Callback] | None = None,
         verbose: int | str = "auto",
         initial_epoch: int = 0,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         log_every_steps: int | None = None,
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
@@ -92,6 +92,12 @@ class KerasFit:
                 take effect on every worker before the next epoch.
             verbose: 0 silent, 1 progress bar, 2 one line per epoch; ``"auto"`` is 1 in a
                 terminal or notebook, else 2.
+            shuffle: ``"global"`` (or True): every epoch a new seeded assignment of row groups
+                to workers (equal steps kept), then each worker shuffles its row groups' order
+                and rows within a window of them; ``"window"``: the in-worker shuffle of a
+                fixed assignment; ``"none"`` (or False): file order. Rows beyond the workers'
+                equal steps are dropped: ``rows_dropped`` in every epoch's figures and
+                ``metrics["rows_dropped_per_epoch"]``.
             log_every_steps: batch events every this many steps (``None``: enough for the bar).
             checkpoint_dir: rank 0 checkpoints there every ``checkpoint_every`` epochs (or
                 steps, ``checkpoint_unit="steps"``); a retried stage resumes from the latest

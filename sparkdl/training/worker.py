@@ -60,7 +60,7 @@ class WorkerSpec:
     job_id: int
     custom_objects: dict[str, Any] | None = None
     threads: int = 1
-    shuffle: bool = True
+    shuffle: str = "global"  # sparkdl.data.reader.SHUFFLE_MODES
     checkpoint: dict[str, Any] | None = None  # CheckpointPolicy fields plus "run_id"
     initial_epoch: int = 0
     validation: ValidationSpec | None = None
@@ -82,7 +82,7 @@ def make_worker_spec(
     epochs: int,
     custom_objects: dict[str, Any] | None,
     threads: int,
-    shuffle: bool,
+    shuffle: str,
     checkpoint: dict[str, Any] | None = None,
     **options: Any,
 ) -> WorkerSpec:
@@ -184,6 +184,16 @@ class Checkpointing(WorkerCallback):
         log.info("checkpoint %s written (epoch %d, step %d)", path, epoch, step)
 
 
+class DroppedRows(WorkerCallback):
+    """Every epoch's ``rows_dropped``: the rows no worker read (beyond the equal steps)."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
+        logs["rows_dropped"] = self.rows
+
+
 class WorldSize(WorkerCallback):
     """An elastic fit's per-epoch ``workers`` figure: how many ranks trained the epoch."""
 
@@ -264,7 +274,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
 
     started_at = time.time()
     from sparkdl.data.metadata import ShardMetadata
-    from sparkdl.data.reader import ShardReader
+    from sparkdl.data.reader import ShardReader, global_shuffle, rows_dropped_per_epoch
     from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore, TrainingState
     from sparkdl.training.masters import master_from_config
     from sparkdl.training.serialization import model_from_bytes, model_to_bytes
@@ -298,14 +308,21 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     if resumed:
         _restore_exchange_state(exchange, _saved_states(resumed, store, comm), comm.rank)
     callbacks = _worker_callbacks(spec, comm, secret, policy, store, run_id)
+    callbacks.insert(0, DroppedRows(rows_dropped_per_epoch(
+        metadata, comm.world_size, master.batch_size_per_worker, spec.steps_per_epoch)))
+    epoch_slices = None
+    if spec.shuffle == "global":
+        epoch_slices = global_shuffle(metadata, comm.world_size, master.batch_size_per_worker,
+                                      comm.rank, master.seed)
     reader = ShardReader(
         spec.data_uri,
         metadata,
         spec.slices[comm.rank],
         master.batch_size_per_worker,
         spec.steps_per_epoch,
-        shuffle=spec.shuffle,
+        shuffle=spec.shuffle != "none",
         seed=master.seed,
+        epoch_slices=epoch_slices,
         prefetch=spec.prefetch,
         decode_threads=spec.decode_threads,
     )
