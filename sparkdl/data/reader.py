@@ -439,15 +439,16 @@ class ShardReader:
             timeout=read_timeout, max_open_files=max_open_files,
             name=f"sparkdl-shard-reader-{worker_slice.worker}",
         )
-        self._active: Generator[tuple[np.ndarray, np.ndarray], None, None] | None = None
+        self._active: Generator[tuple[Any, ...], None, None] | None = None
 
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng(
             np.random.SeedSequence([self.seed, epoch, self.worker_slice.worker])
         )
 
-    def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield exactly ``steps_per_epoch`` batches ``(features, labels)`` for ``epoch``.
+    def epoch(self, epoch: int) -> Iterator[tuple[Any, ...]]:
+        """Yield exactly ``steps_per_epoch`` batches ``(features, labels)`` for ``epoch``
+        (``(features, labels, sample_weight)`` from weighted shards).
 
         Shuffling (seeded by ``(seed, epoch, worker)``) permutes the order of row groups, then
         rows within windows of ``shuffle_window`` row groups plus the carried remainder.
@@ -462,7 +463,7 @@ class ShardReader:
         if active is not None:
             active.close()
 
-    def _epoch(self, epoch: int) -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
+    def _epoch(self, epoch: int) -> Generator[tuple[Any, ...], None, None]:
         rng = self._rng(epoch)
         own = self.epoch_slices(epoch) if self.epoch_slices else self.worker_slice
         pieces = list(own.pieces)
@@ -509,8 +510,9 @@ class ShardReader:
 
 def read_all(
     uri: str, metadata: ShardMetadata | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Read every row of a (small) shard directory, in file order."""
+) -> tuple[Any, ...]:
+    """Read every row of a (small) shard directory, in file order: ``(x, y)``, plus the
+    sample weights of weighted shards."""
     metadata = metadata or read_metadata(uri)
     parts = [ShardFileHandle(uri, f.path, metadata) for f in metadata.files]
     try:
@@ -532,8 +534,9 @@ def iter_batches(
     prefetch: int = 4,
     decode_threads: int = 2,
     read_timeout: float = 600.0,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield every row of ``files`` in order as batches of ``batch_size`` (the last may be short).
+) -> Iterator[tuple[Any, ...]]:
+    """Yield every row of ``files`` in order as batches of ``batch_size`` (the last may be short):
+    ``(x, y)``, plus the sample weights of weighted shards.
 
     No shuffling, no dropping: used by distributed evaluation and inference. Row groups are
     decoded ahead as in :class:`ShardReader`.
@@ -577,8 +580,11 @@ def to_tf_dataset(reader: ShardReader, epoch: int) -> Any:
         y_spec = tf.TensorSpec((bs,), tf.int64)
     else:
         y_spec = tf.TensorSpec((bs, *meta.label_shape), tf.float32)
+    signature = (x_spec, y_spec)
+    if meta.weight_column is not None:  # Keras's (x, y, sample_weight)
+        signature = (x_spec, y_spec, tf.TensorSpec((bs,), tf.float32))
     dataset = tf.data.Dataset.from_generator(
-        lambda: reader.epoch(epoch), output_signature=(x_spec, y_spec)
+        lambda: reader.epoch(epoch), output_signature=signature
     )
     return dataset.apply(tf.data.experimental.assert_cardinality(reader.steps_per_epoch))
 
