@@ -44,27 +44,29 @@ def _rows(rank: int, exchange_step: int, dyadic: bool) -> tuple[np.ndarray, np.n
             rng.normal(size=(K * B, 1)).astype(np.float32))
 
 
-def _train(make, world: int, accumulate: int, dyadic: bool, steps: int = STEPS
-           ) -> list[list[np.ndarray]]:
+def _train(make, world: int, accumulate: int, dyadic: bool, steps: int = STEPS,
+           overlap: bool = False) -> list[list[np.ndarray]]:
     models = [make() for _ in range(world)]
 
     def train(rank: int, comm) -> None:  # type: ignore[no-untyped-def]
-        exchange = DenseAllreduceExchange(models[rank], comm)
+        exchange = DenseAllreduceExchange(models[rank], comm, overlap=overlap)
         exchange.accumulate(accumulate)
         rows = K * B // accumulate
         for step in range(steps):
             x, y = _rows(rank, step, dyadic)
             for m in range(accumulate):
                 exchange.step(x[m * rows:(m + 1) * rows], y[m * rows:(m + 1) * rows], step)
+        exchange.finish()
 
     run_threads(world, train)
     return [m.get_weights() for m in models]
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_k_micro_batches_are_bit_for_bit_one_step_with_a_k_times_larger_batch(world):
-    accumulated = _train(_linear, world, K, dyadic=True, steps=2)
-    large = _train(_linear, world, 1, dyadic=True, steps=2)
+@pytest.mark.parametrize(("world", "overlap"), [(1, False), (2, False), (2, True)])
+def test_k_micro_batches_are_bit_for_bit_one_step_with_a_k_times_larger_batch(world, overlap):
+    # with overlap, both exchange every K micro-batches one exchange late
+    accumulated = _train(_linear, world, K, dyadic=True, steps=2, overlap=overlap)
+    large = _train(_linear, world, 1, dyadic=True, steps=2, overlap=overlap)
     for got, expected in zip(accumulated, large, strict=True):
         for a, b in zip(got, expected, strict=True):
             assert np.array_equal(a, b)
