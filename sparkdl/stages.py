@@ -47,9 +47,9 @@ def output_dir(config: JobConfig) -> RunOutput:
 
 
 def configure_storage(config: JobConfig, spark: SparkSession) -> None:
-    """Apply ``cluster.s3`` to this process and to the executors' Python workers."""
+    """Apply ``cluster.s3`` to this process (sparkdl's Spark tasks take it along)."""
     s3 = config.cluster.s3
-    configure_s3(s3.endpoint_override, s3.region, spark.sparkContext)
+    configure_s3(s3.endpoint_override, s3.region)
 
 
 def shard_uris(config: JobConfig) -> tuple[str, str]:

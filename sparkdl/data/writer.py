@@ -348,7 +348,9 @@ def write_shards(
                 f"label_shape {label_shape} does not match the label length {label_len}"
             )
     if num_files is None:
-        parallelism = df.sparkSession.sparkContext.defaultParallelism
+        from sparkdl.session import default_parallelism
+
+        parallelism = default_parallelism(df.sparkSession)
         num_files = max(1, min(parallelism, math.ceil(rows / rows_per_group)))
     if num_workers is not None:
         num_files = max(num_files, 4 * num_workers)
