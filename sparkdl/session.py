@@ -76,9 +76,17 @@ def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
     """The active SparkSession, or a new one built from ``cluster``.
 
     Under ``spark-submit`` (or in a notebook with a session already running) the existing
-    master and settings win; ``cluster.master`` only applies when nothing set one.
+    master and settings win; ``cluster.master`` only applies when nothing set one. With
+    ``SPARK_REMOTE`` set (``sc://host:15002``) the session is a Spark Connect client, and the
+    server's settings apply.
     """
     cluster = cluster or ClusterConfig()
+    if os.environ.get("SPARK_REMOTE"):
+        from pyspark.sql import SparkSession
+
+        log.info("using the Spark Connect server at %s (SPARK_REMOTE): cluster.master and "
+                 "cluster.spark_conf are the server's", os.environ["SPARK_REMOTE"])
+        return SparkSession.builder.getOrCreate()
     ensure_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
@@ -130,7 +138,7 @@ _SPLITS = re.compile(r"splits=(?:Some\()?(\d+)")
 def default_parallelism(spark: SparkSession) -> int:
     """Spark's default parallelism (``spark.default.parallelism``, else the partitions a
     ``range`` gets: the executors' total cores), read from the plan of ``spark.range``
-    (no ``SparkContext`` on Spark Connect); 2 with one logged line if neither says."""
+    (Spark Connect has no context to ask); 2 with one logged line if neither says."""
     configured = spark.conf.get("spark.default.parallelism", None)
     if configured:
         return max(1, int(configured))
