@@ -281,7 +281,7 @@ def _write_local_predictions(predictions: Any, out: Path, marker: str, target: s
     target_dir = out / PREDICTIONS_DIR
     tmp = out / f".{PREDICTIONS_DIR}.tmp-{uuid.uuid4().hex[:12]}"
     try:
-        predictions.write.mode("errorifexists").parquet(spark_uri(str(tmp)))
+        predictions.write.mode("error").parquet(spark_uri(str(tmp)))
         (tmp / PREDICTIONS_MARKER).write_text(marker)
         check_replaceable(target, marker=PREDICTIONS_MARKER)
         if target_dir.exists():

@@ -375,7 +375,7 @@ def write_shards(
             .drop(_HASH_COL)
         )
         writer = (
-            shuffled.write.mode("errorifexists")
+            shuffled.write.mode("error")  # "errorifexists" (Spark Connect knows only "error")
             .option("parquet.block.row.count.limit", int(rows_per_group))
             .option("parquet.page.write-checksum.enabled", "true")  # the reader verifies them
         )

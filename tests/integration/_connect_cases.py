@@ -52,7 +52,7 @@ def _mlp(seed: int = 7):
     from sparkdl.models import mlp
 
     keras.utils.set_random_seed(seed)
-    model = mlp((64,), 10, hidden=(32,))
+    model = mlp((8, 8, 1), 10, hidden=(32,))  # the digits' feature shape
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     return model
@@ -90,7 +90,7 @@ def test_the_digits_etl_writes_its_shards(digits):
     train, test = read_metadata(digits["train"]), read_metadata(digits["test"])
     assert train.num_rows == digits["train_rows"] and test.num_rows == digits["test_rows"]
     assert train.num_rows + test.num_rows == 1797  # scikit-learn's digits
-    assert train.normalizer and train.feature_shape == [64]
+    assert train.normalizer and train.feature_shape == [8, 8, 1]
 
 
 def test_evaluate_and_predict_match_keras_on_the_driver(connect, digits):
