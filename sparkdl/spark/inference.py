@@ -11,7 +11,7 @@ from __future__ import annotations
 import pickle
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, DataError
@@ -201,7 +201,7 @@ def scores_udf(
     """A pandas UDF: ``array<float>`` features → the model's output vector, on executors."""
     import numpy as np
     import pandas as pd
-    from pyspark.sql.functions import PandasUDFType, pandas_udf
+    from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
 
     from sparkdl.etl.normalizers import normalizer_from_config
     from sparkdl.session import task_cpus
@@ -212,7 +212,7 @@ def scores_udf(
     environment = s3_environment()
     shape = [int(d) for d in feature_shape]
 
-    def predict_scores(batches):  # Iterator[pd.Series] -> Iterator[pd.Series]
+    def predict_scores(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
         apply_environment(environment)
         model = _load_task_model(model_bytes, custom_objects, threads)
         norm = normalizer_from_config(norm_config) if norm_config else None
@@ -220,7 +220,7 @@ def scores_udf(
             if len(features) == 0:
                 yield pd.Series([], dtype=object)
                 continue
-            outputs = []
+            outputs: list[np.ndarray] = []
             for start in range(0, len(features), batch_size):
                 part = features.iloc[start : start + batch_size]
                 x = np.stack(part.to_numpy()).astype(np.float32)
@@ -288,7 +288,7 @@ def _load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> A
     return _TASK_MODELS[key]
 
 
-def _is_dataframe(data: Any) -> bool:
+def _is_dataframe(data: Any) -> TypeGuard[DataFrame]:
     """A classic or a Spark Connect DataFrame."""
     from pyspark.sql import DataFrame
 
