@@ -58,7 +58,8 @@ def _mlp(seed: int = 7):
     return model
 
 
-def _trained(digits: dict):
+@pytest.fixture(scope="module")
+def trained(digits: dict):
     """A model trained in this process (not by Spark) on the train shards."""
     from sparkdl.data.reader import read_all
 
@@ -93,11 +94,11 @@ def test_the_digits_etl_writes_its_shards(digits):
     assert train.normalizer and train.feature_shape == [8, 8, 1]
 
 
-def test_evaluate_and_predict_match_keras_on_the_driver(connect, digits):
+def test_evaluate_and_predict_match_keras_on_the_driver(connect, digits, trained):
     from sparkdl import DenseTrainingMaster, SparkModel
     from sparkdl.data.reader import read_all
 
-    model = _trained(digits)
+    model = trained
     x, y = read_all(digits["test"])
     expected = np.argmax(model.predict(x, verbose=0), axis=1)
     spark_model = SparkModel(connect, model, DenseTrainingMaster(num_workers=2))
@@ -111,13 +112,13 @@ def test_evaluate_and_predict_match_keras_on_the_driver(connect, digits):
         sorted(zip(y.tolist(), expected.tolist(), strict=True))
 
 
-def test_evaluate_on_a_dataframe_reuses_its_shards(connect, digits, tmp_path):
+def test_evaluate_on_a_dataframe_reuses_its_shards(connect, digits, trained, tmp_path):
     from sparkdl import DenseTrainingMaster, SparkModel
     from sparkdl.data.files import read_metadata
 
     meta = read_metadata(digits["test"])
     df = connect.read.parquet(*[f"{digits['test']}/{f.path}" for f in meta.files])
-    spark_model = SparkModel(connect, _trained(digits), DenseTrainingMaster(num_workers=2))
+    spark_model = SparkModel(connect, trained, DenseTrainingMaster(num_workers=2))
     store = str(tmp_path / "store")
     with _sparkdl_log() as messages:
         first = spark_model.evaluate(df, store=store)
