@@ -23,7 +23,7 @@ if not root:
     else:  # local fallback: the tests' directory, or a fresh temporary one
         root = os.environ.get("SPARKDL_NOTEBOOK_DIR") or tempfile.mkdtemp(prefix="sparkdl-dbx-")
 os.makedirs(root, exist_ok=True)
-print("Spark", spark.version, "| master", spark.sparkContext.master, "| data root", root)
+print("Spark", spark.version, "| master", spark.conf.get("spark.master", "?"), "| data root", root)
 
 # COMMAND ----------
 

@@ -147,7 +147,6 @@ def run_stage(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     quiet_tensorflow()
     from sparkdl import stages
-    from sparkdl.data.spark_errors import quiet_task_failures
     from sparkdl.preflight import preflight
     from sparkdl.session import get_spark
 
@@ -157,7 +156,6 @@ def run_stage(args: argparse.Namespace) -> int:
         config = load_job_config(args.conf, args.overrides)
         preflight(config, stage)  # everything checkable without Spark, before Spark starts
         spark = get_spark(config.cluster)
-        quiet_task_failures(spark)  # a bad record is one line, not a JVM stack trace
         run = getattr(stages, f"run_{stage}")
         resume = {"resume": True} if getattr(args, "resume", False) else {}
         result = run(config, spark, **resume)

@@ -1,9 +1,13 @@
-"""Getting a SparkSession for a job: Java found, spark-submit's settings respected."""
+"""Getting a SparkSession for a job: Java found, spark-submit's settings respected; what
+sparkdl asks of a session, through public APIs that classic Spark and Spark Connect share."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +26,7 @@ log = logging.getLogger("sparkdl")
 DEFAULT_SPARK_CONF = {
     "spark.sql.shuffle.partitions": "8",
     "spark.ui.showConsoleProgress": "false",
+    "spark.log.level": "WARN",  # the driver JVM's log level (under spark-submit too)
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # TensorFlow's C++ log threshold in the executors' Python workers (their start-up banner
     # is filtered by sparkdl.logs.quiet_tensorflow where sparkdl imports TensorFlow)
@@ -71,16 +76,24 @@ def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
     """The active SparkSession, or a new one built from ``cluster``.
 
     Under ``spark-submit`` (or in a notebook with a session already running) the existing
-    master and settings win; ``cluster.master`` only applies when nothing set one.
+    master and settings win; ``cluster.master`` only applies when nothing set one. With
+    ``SPARK_REMOTE`` set (``sc://host:15002``) the session is a Spark Connect client, and the
+    server's settings apply.
     """
     cluster = cluster or ClusterConfig()
+    if os.environ.get("SPARK_REMOTE"):
+        from pyspark.sql import SparkSession
+
+        log.info("using the Spark Connect server at %s (SPARK_REMOTE): cluster.master and "
+                 "cluster.spark_conf are the server's", os.environ["SPARK_REMOTE"])
+        return SparkSession.builder.getOrCreate()
     ensure_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None:
+    if active is not None:  # a notebook's session, classic or Spark Connect
         return active
     if os.environ.get("PYSPARK_GATEWAY_PORT"):
         # under spark-submit the JVM already runs with --master/--conf as system properties;
@@ -98,6 +111,43 @@ def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
     if not _own_log4j_config():  # this session launches the driver JVM: quiet its start-up
         options = cluster.spark_conf.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS)
         builder = builder.config(_DRIVER_JAVA_OPTIONS, driver_java_options(options))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
+    return builder.getOrCreate()
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_master(spark: SparkSession) -> str:
+    """``spark.master`` (``""`` where a Spark Connect server does not say)."""
+    try:
+        return str(spark.conf.get("spark.master", None) or "")
+    except Exception:
+        return ""
+
+
+def task_cpus(spark: SparkSession) -> int:
+    """``spark.task.cpus``: the cores each Spark task gets."""
+    return int(spark.conf.get("spark.task.cpus", None) or 1)
+
+
+_SPLITS = re.compile(r"splits=(?:Some\()?(\d+)")
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """Spark's default parallelism (``spark.default.parallelism``, else the partitions a
+    ``range`` gets: the executors' total cores), read from the plan of ``spark.range``
+    (Spark Connect has no context to ask); 2 with one logged line if neither says."""
+    configured = spark.conf.get("spark.default.parallelism", None)
+    if configured:
+        return max(1, int(configured))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        spark.range(1).explain()
+    found = _SPLITS.search(out.getvalue())
+    if found:
+        return max(1, int(found.group(1)))
+    log.info("the default parallelism is unknown (no splits in the plan of spark.range): "
+             "assuming 2")
+    return 2

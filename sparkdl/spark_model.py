@@ -15,19 +15,15 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import ClusterConfig
 from sparkdl.data.files import read_metadata
-from sparkdl.errors import ConfigurationError, DataError, TrainingError
-from sparkdl.evaluation import evaluation_from_dict
-from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
+from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.storage import spark_uri
 from sparkdl.training.elastic import ElasticEvent, ElasticPolicy, replan
 from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
-from sparkdl.training.model_check import check_model_fits_shards
 
 if TYPE_CHECKING:
     import keras
@@ -35,6 +31,7 @@ if TYPE_CHECKING:
 
     from sparkdl.data.frames import FeaturesCol, LabelSpec
     from sparkdl.etl.normalizers import Normalizer
+    from sparkdl.evaluation.plan import EvaluationRequest
     from sparkdl.training.driver import FitResult
 
 log = logging.getLogger("sparkdl")
@@ -162,9 +159,10 @@ class SparkModel(KerasFit):
         from sparkdl.data.frames import label_spec, model_feature_shape, training_frame
         from sparkdl.data.store import fingerprint, open_store
         from sparkdl.data.writer import write_shards
+        from sparkdl.session import spark_master
 
         run_store = open_store(store, keep=keep_shards)
-        run_store.check_reachable(self.spark.sparkContext.master)
+        run_store.check_reachable(spark_master(self.spark))
         fitted = self.label_spec
         spec = label_spec(df, label_col, self.model, label_kind or (fitted and fitted.kind),
                           fitted.classes if fitted and fitted.kind == "class" else None)
@@ -226,7 +224,7 @@ class SparkModel(KerasFit):
                     "barrier mode needs one slot per worker"
                 )
 
-    # Evaluation and inference ----------------------------------------------------------
+    # Evaluation and inference (sparkdl.spark.inference) -------------------------------
 
     def evaluate(
         self,
@@ -239,81 +237,14 @@ class SparkModel(KerasFit):
         store: str | None = None,
         keep_shards: bool = False,
     ) -> Any:
-        """Evaluate the current model on a shard directory or a DataFrame, on the executors,
-        in one pass.
+        """Evaluate on a shard directory or a DataFrame, on the executors, in one pass
+        (:func:`sparkdl.spark.inference.evaluate`)."""
+        from sparkdl.spark import inference
 
-        Args:
-            data: the shard directory, or a DataFrame whose labels are read as in :meth:`fit`
-                (string labels map to the classes ``fit`` saw); its shards go to the run
-                store ``store`` (kept with ``keep_shards``).
-            batch_size: rows per prediction batch.
-            evaluations: ``None`` for the default evaluation of the labels (an
-                :class:`~sparkdl.evaluation.Evaluation` for classes, a
-                :class:`~sparkdl.evaluation.RegressionEvaluation` for regression targets),
-                returned alone. Or a list of evaluations and/or registered names
-                (``["classification", "roc", "top_n:5"]``): all are computed in the same pass
-                and returned merged, as a list in the same order. For shards with several
-                outputs, a dict of such lists by output name (a missing output gets its
-                default); the result is then a dict by output name.
-            features_col, label_col: the DataFrame's columns (as in :meth:`fit`).
-
-        Every row counts once: the DL4J-style evaluations take no sample weights (a weighted
-        loss and weighted compiled metrics come from ``fit(validation_data=...)``).
-        """
-        from sparkdl.training.serialization import model_to_bytes
-
-        if _is_dataframe(data):
-            data = self._shards_of(data, features_col, label_col, None, store, keep_shards,
-                                   what="evaluate()")
-        elif not isinstance(data, str):
-            raise ConfigurationError(
-                "evaluate() takes a Spark DataFrame or the URI of a shard directory (str), "
-                f"got {type(data).__name__}"
-            )
-        data_uri = data
-        metadata = read_metadata(data_uri)
-        check_model_fits_shards(self.model, metadata, data_uri, training=False)
-        plan = evaluation_plan(metadata, evaluations)
-        templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
-        sc = self.spark.sparkContext
-        model_broadcast = sc.broadcast(model_to_bytes(self.model))
-        files = [f.path for f in metadata.files]
-        threads = self._task_cpus()
-        custom_objects = self.custom_objects
-
-        def evaluate_partition(paths):
-            from sparkdl.data.reader import iter_batches
-            from sparkdl.evaluation import evaluation_from_dict
-
-            paths = list(paths)
-            parts = {key: [evaluation_from_dict(d) for d in values]
-                     for key, values in templates.items()}
-            if paths:
-                model = _load_task_model(model_broadcast.value, custom_objects, threads)
-                for x, y, *_ in iter_batches(data_uri, paths, batch_size):  # rows unweighted
-                    outputs = by_output(model, model.predict_on_batch(x), y)
-                    for key, values in parts.items():
-                        for evaluation in values:
-                            evaluation.eval(*outputs[key])
-            yield {key: [e.to_dict() for e in values] for key, values in parts.items()}
-
-        try:
-            results = (
-                sc.parallelize(files, max(1, min(len(files), sc.defaultParallelism)))
-                .mapPartitions(evaluate_partition)
-                .collect()
-            )
-        finally:
-            model_broadcast.unpersist()
-        for result in results:
-            for key, values in plan.items():
-                for total, part in zip(values, result[key], strict=True):
-                    total.merge(evaluation_from_dict(part))
-        if evaluations is None and not metadata.multi:
-            return plan[None][0]
-        if not metadata.multi:
-            return plan[None]
-        return plan if evaluations is not None else {k: v[0] for k, v in plan.items()}
+        return inference.evaluate(
+            self, data, batch_size, evaluations=evaluations, features_col=features_col,
+            label_col=label_col, store=store, keep_shards=keep_shards,
+        )
 
     def predict(
         self,
@@ -326,142 +257,15 @@ class SparkModel(KerasFit):
         prediction_col: str = "prediction",
         probability_col: str = "probability",
     ) -> DataFrame:
-        """Predict on a shard directory or a DataFrame; returns its rows with Spark ML columns.
+        """Predict on a shard directory or a DataFrame; its rows with Spark ML columns
+        (:func:`sparkdl.spark.inference.predict`)."""
+        from sparkdl.spark import inference
 
-        Classification: ``prediction`` (double, the class index) and ``probability`` (a Spark
-        ML vector of the class probabilities). Regression: ``prediction`` is the model's
-        output, a double for one output and a Spark ML vector for several. The kind is
-        ``label_kind``, else the shards' or the last ``fit``'s, else inferred from the model
-        (softmax or one-unit sigmoid output: classification). ``features_col`` is as in
-        :meth:`fit`.
-
-        ``normalizer`` normalizes raw features on the executors before the model sees them,
-        with the same math as the ETL (``Normalizer.apply_numpy``): a fitted normalizer, its
-        ``to_config()`` dict, or a shard directory whose ``_sparkdl.json`` holds one, such as
-        the shards the model was trained on. Shards written with a normalizer are already
-        normalized: predict on them without one.
-        """
-        from pyspark.ml.functions import array_to_vector
-        from pyspark.sql import functions as F
-
-        from sparkdl.data.frames import features_column, infer_model_kind, model_output_width
-
-        norm_config = _normalizer_config(normalizer)
-        if isinstance(data, str):
-            metadata = read_metadata(data)
-            if metadata.multi:
-                raise ConfigurationError(
-                    f"predict() on {data}: shards with several inputs and outputs are not "
-                    "supported yet; evaluate() them, or predict with the Keras model on "
-                    "sparkdl.data.reader.read_all(...)"
-                )
-            check_model_fits_shards(self.model, metadata, data, training=False)
-            df = self.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
-            feature_shape = metadata.feature_shape
-            kind = label_kind or metadata.label_kind
-        elif _is_dataframe(data):
-            df = data
-            feature_shape = [int(d) for d in self.model.input_shape[1:]]
-            fitted = self.label_spec.kind if self.label_spec else None
-            kind = label_kind or fitted or infer_model_kind(self.model)
-        else:
-            raise ConfigurationError(
-                "predict() takes a Spark DataFrame or the URI of a shard directory (str), "
-                f"got {type(data).__name__}"
-            )
-        if kind not in ("class", "regression"):
-            raise ConfigurationError(f"label_kind must be 'class' or 'regression', got {kind!r}")
-        for name in (prediction_col, probability_col):
-            if name in df.columns:
-                raise DataError(f"predict(): the DataFrame already has a column {name!r}; "
-                                "choose another output column name")
-        scores_udf = self._scores_udf(feature_shape, batch_size, norm_config)
-        inputs, scores = "__sparkdl_inputs", F.col("__sparkdl_scores")
-        out = (df.withColumn(inputs, features_column(df, features_col))
-               .withColumn("__sparkdl_scores", scores_udf(F.col(inputs))))
-        width = model_output_width(self.model)
-        if kind == "regression":
-            value = scores[0].cast("double") if width == 1 else array_to_vector(scores)
-            out = out.withColumn(prediction_col, value)
-        elif width == 1:  # a one-unit sigmoid: P(class 1)
-            out = (out.withColumn(probability_col,
-                                  array_to_vector(F.array(1 - scores[0], scores[0])))
-                   .withColumn(prediction_col, (scores[0] >= 0.5).cast("double")))
-        else:
-            argmax = F.array_position(scores, F.array_max(scores)) - 1
-            out = (out.withColumn(prediction_col, argmax.cast("double"))
-                   .withColumn(probability_col, array_to_vector(scores)))
-        return out.drop(inputs, "__sparkdl_scores")
-
-    def _scores_udf(
-        self, feature_shape: Sequence[int], batch_size: int, norm_config: dict[str, Any] | None
-    ) -> Any:
-        """A pandas UDF: ``array<float>`` features → the model's output vector, on executors."""
-        import warnings
-
-        import numpy as np
-        import pandas as pd
-        from pyspark.sql.functions import PandasUDFType, pandas_udf
-
-        from sparkdl.etl.normalizers import normalizer_from_config
-        from sparkdl.training.serialization import model_to_bytes
-
-        model_broadcast = self.spark.sparkContext.broadcast(model_to_bytes(self.model))
-        threads, custom_objects = self._task_cpus(), self.custom_objects
-        shape = [int(d) for d in feature_shape]
-
-        def predict_scores(batches):  # Iterator[pd.Series] -> Iterator[pd.Series]
-            model = _load_task_model(model_broadcast.value, custom_objects, threads)
-            norm = normalizer_from_config(norm_config) if norm_config else None
-            for features in batches:
-                if len(features) == 0:
-                    yield pd.Series([], dtype=object)
-                    continue
-                outputs = []
-                for start in range(0, len(features), batch_size):
-                    part = features.iloc[start : start + batch_size]
-                    x = np.stack(part.to_numpy()).astype(np.float32)
-                    if norm is not None:
-                        x = norm.apply_numpy(x)
-                    y = np.asarray(model.predict_on_batch(x.reshape(-1, *shape)))
-                    outputs.extend(y.reshape(len(part), -1).astype(np.float32))
-                yield pd.Series(outputs, index=features.index)
-
-        with warnings.catch_warnings():  # the hints would be strings here (future annotations)
-            warnings.simplefilter("ignore", UserWarning)
-            udf = pandas_udf(predict_scores, "array<float>", PandasUDFType.SCALAR_ITER)
-        # not deterministic for the optimizer: the model runs once per row, never twice
-        return udf.asNondeterministic()
-
-
-def _normalizer_config(
-    normalizer: Normalizer | dict[str, Any] | str | None,
-) -> dict[str, Any] | None:
-    """The ``to_config()`` dict of ``predict``'s ``normalizer`` argument, checked on the driver."""
-    from sparkdl.etl.normalizers import Normalizer, normalizer_from_config
-
-    if normalizer is None:
-        return None
-    if isinstance(normalizer, str):
-        config = read_metadata(normalizer, verify=False).normalizer
-        if not config:
-            raise ConfigurationError(
-                f"predict(normalizer={normalizer!r}): the shards' metadata holds no normalizer"
-            )
-    elif isinstance(normalizer, Normalizer):
-        config = normalizer.to_config()
-    elif isinstance(normalizer, dict):
-        config = normalizer
-    else:
-        raise ConfigurationError(
-            f"predict(normalizer=...) takes a Normalizer, its config dict or a shard directory, "
-            f"got {type(normalizer).__name__}"
+        return inference.predict(
+            self, data, batch_size, normalizer=normalizer, features_col=features_col,
+            label_kind=label_kind, prediction_col=prediction_col,
+            probability_col=probability_col,
         )
-    if not normalizer_from_config(config).fitted:
-        raise ConfigurationError(
-            f"predict(normalizer=...): the {config.get('class_name')} is not fitted"
-        )
-    return config
 
 
 class _SparkLauncher:
@@ -596,25 +400,6 @@ class _SparkLauncher:
 
 
 # Runs inside Spark tasks ------------------------------------------------------------------
-
-_TASK_MODELS: dict[int, Any] = {}
-
-
-def _load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> Any:
-    """Load a broadcast model once per Python worker process."""
-    from sparkdl.gpu import pin_gpus, task_gpu_addresses
-
-    pin_gpus(task_gpu_addresses(), role="model")  # before anything imports TensorFlow
-    from sparkdl.training.serialization import model_from_bytes
-    from sparkdl.training.worker import configure_tensorflow
-
-    key = hash(model_bytes)
-    if key not in _TASK_MODELS:
-        configure_tensorflow(threads)
-        _TASK_MODELS.clear()
-        _TASK_MODELS[key] = model_from_bytes(model_bytes, custom_objects)
-    return _TASK_MODELS[key]
-
 
 def _train_task(spec_broadcast: Any, cluster: dict[str, Any], secret: bytes, attempts_uri: str):
     """One barrier task: join the ring, train, yield this worker's results."""

@@ -47,9 +47,9 @@ def output_dir(config: JobConfig) -> RunOutput:
 
 
 def configure_storage(config: JobConfig, spark: SparkSession) -> None:
-    """Apply ``cluster.s3`` to this process and to the executors' Python workers."""
+    """Apply ``cluster.s3`` to this process (sparkdl's Spark tasks take it along)."""
     s3 = config.cluster.s3
-    configure_s3(s3.endpoint_override, s3.region, spark.sparkContext)
+    configure_s3(s3.endpoint_override, s3.region)
 
 
 def shard_uris(config: JobConfig) -> tuple[str, str]:
@@ -296,7 +296,7 @@ def _write_local_predictions(predictions: Any, out: Path, marker: str, target: s
     target_dir = out / PREDICTIONS_DIR
     tmp = out / f".{PREDICTIONS_DIR}.tmp-{uuid.uuid4().hex[:12]}"
     try:
-        predictions.write.mode("errorifexists").parquet(spark_uri(str(tmp)))
+        predictions.write.mode("error").parquet(spark_uri(str(tmp)))
         (tmp / PREDICTIONS_MARKER).write_text(marker)
         check_replaceable(target, marker=PREDICTIONS_MARKER)
         if target_dir.exists():

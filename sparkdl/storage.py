@@ -13,7 +13,9 @@ a multi-file output writes its marker object last.
 S3: pyarrow reads credentials from the standard AWS chain (``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY``, ``~/.aws``, instance roles) and the endpoint from
 ``AWS_ENDPOINT_URL`` (an S3-compatible server such as MinIO or moto). :func:`configure_s3`
-sets the endpoint and region from ``cluster.s3`` for this process and Spark's executors.
+sets the endpoint and region from ``cluster.s3`` for this process; :func:`s3_environment`
+hands them to the Spark tasks sparkdl ships, which apply them with :func:`apply_environment`
+(classic Spark and Spark Connect alike: no executor environment is changed at run time).
 """
 
 from __future__ import annotations
@@ -22,16 +24,12 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from sparkdl.errors import DataError
-
-if TYPE_CHECKING:
-    from pyspark import SparkContext
 
 #: Environment variables :func:`configure_s3` sets (pyarrow's S3 filesystem reads them).
 S3_ENDPOINT_ENV = "AWS_ENDPOINT_URL"
@@ -265,17 +263,22 @@ def make_dirs(uri: str, *, key: str = "directory") -> None:
         raise DataError(f"{key}: cannot create {uri}: {exc}") from None
 
 
-def configure_s3(
-    endpoint_override: str | None = None,
-    region: str | None = None,
-    spark_context: SparkContext | None = None,
-) -> None:
+def configure_s3(endpoint_override: str | None = None, region: str | None = None) -> None:
     """Point ``s3://`` URIs at ``endpoint_override`` (``http://host:9000`` for MinIO or
-    moto) and ``region``, in this process and, through ``spark_context``, in the Python
-    workers of its executors. Credentials stay with the AWS chain of each machine."""
+    moto) and ``region`` in this process; Spark tasks get them through
+    :func:`s3_environment`. Credentials stay with the AWS chain of each machine."""
     settings = {S3_ENDPOINT_ENV: endpoint_override, S3_REGION_ENV: region}
     for name, value in settings.items():
         if value:
             os.environ[name] = value
-            if spark_context is not None:
-                spark_context.environment[name] = value
+
+
+def s3_environment() -> dict[str, str]:
+    """This process's S3 endpoint and region settings, for the Spark tasks it launches."""
+    return {name: os.environ[name] for name in (S3_ENDPOINT_ENV, S3_REGION_ENV)
+            if os.environ.get(name)}
+
+
+def apply_environment(environment: dict[str, str]) -> None:
+    """In a Spark task: take the driver's :func:`s3_environment`."""
+    os.environ.update(environment)

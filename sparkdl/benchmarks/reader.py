@@ -45,9 +45,8 @@ def _spark() -> Any:
     spark = (
         SparkSession.builder.master("local[2]").appName("sparkdl-bench-reader")
         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.memory", "2g").getOrCreate()
+        .config("spark.driver.memory", "2g").config("spark.log.level", "ERROR").getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 

@@ -1,36 +1,36 @@
 """The fingerprint of a DataFrame: the name of its shards in the run store.
 
 Reused data must be provably the same data, so a fingerprint is **reusable** only when every
-input of the plan is identified:
+input of the plan is identified. It is read through public DataFrame APIs that classic Spark
+and Spark Connect both offer (``explain``, ``semanticHash``, ``inputFiles``, ``schema``):
 
-- the optimized logical plan's text (expression ids removed) and the schema with its column
-  metadata (Spark ML's ``ml_attr``: e.g. a ``StringIndexer``'s labels, which its UDF does not
-  show in the plan), and the writing options (feature shape, label kind, classes, columns);
-- each leaf of the plan: a **plain file scan** (Parquet, CSV, JSON, ORC, ... through a
-  ``HadoopFsRelation``) by its format, reader options (``header``, ``sep``, ``mode``,
-  ``nullValue``, ...), schemas and files with their sizes and modification times; local rows
-  (``LocalRelation``) by their contents; ``range`` by its text; an RDD
-  (``createDataFrame`` of Python data) by the application's and the RDD's id, when the RDD's
-  lineage starts only from parallelized collections (data held by this application).
+- the optimized logical plan's text (expression ids removed, every field shown), the schema
+  with its column metadata (Spark ML's ``ml_attr``: e.g. a ``StringIndexer``'s labels) and the
+  writing options (feature shape, label kind, classes, columns);
+- **plain file scans** (Parquet, CSV, JSON, ORC, text, Avro, ...) by their files with sizes and
+  modification times (``inputFiles``) and the plan's ``semanticHash``, which covers the reader
+  options (``header``, ``sep``, ``mode``, ``nullValue``, ...) the plan's text does not show;
+  ``range`` and one-row plans by their text;
+- what the text cannot identify -- local rows (``createDataFrame``), an RDD, a Scala/Java UDF
+  (Spark ML transformers, ``vector_to_array``: the plan shows ``UDF(...)``, not the function
+  or its captured state, such as a fitted ``MinMaxScaler``'s ranges) -- by a **digest of the
+  DataFrame's content**: one Spark job counting the rows and summing two 64-bit hashes of each.
 
 Anything else makes the fingerprint *salted* (random, so never reused, and ``why`` says why):
-a leaf of another kind (JDBC and other non-file ``LogicalRelation``\\ s, catalog tables read
-through Hive, data source V2, cached ``InMemoryRelation``\\ s, streams, an RDD read from
-files), a plan that calls a Python or R function (UDFs, ``pandas_udf``, ``mapInPandas``, ...)
-or a Scala/Java UDF other than ``vector_to_array``, ``array_to_vector`` and
-``VectorAssembler``'s (Spark ML models' among them: a fitted ``MinMaxScaler``'s ranges live
-in its UDF's closure) -- a plan names a function but shows neither its code nor its captured
-state -- or an input file that cannot be listed.
+a leaf of another kind (JDBC and other non-file relations, catalog tables read through Hive,
+data source V2, cached ``InMemoryRelation``\\ s, streams), a plan that calls a Python or R
+function (UDFs, ``pandas_udf``, ``mapInPandas``, ...: the digest would run them once more, and
+their output may differ from run to run), or an input file that cannot be listed.
 
-Limits: files changed without a change of size or modification time are not noticed.
-
-The Spark JVM is reached only through :func:`_plan_facts` (Spark has no public API for the plan's
-leaves and reader options).
+Limits: files changed without a change of size or modification time are not noticed (unless
+the plan is digested); a Scala/Java UDF registered under a name shows as a plain function call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import re
 import secrets
@@ -43,16 +43,19 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 _EXPR_ID = re.compile(r"#\d+L?")
-# plan nodes and expressions that run Python or R code the plan does not show
+# plan nodes that run Python or R code the plan does not show
 _FOREIGN_FUNCTION = re.compile(r"Python|Pandas|InArrow$|InR$|InRWithArrow$")
-# where the Scala UDFs are defined whose result the plan and its inputs determine: Spark's
-# vector_to_array / array_to_vector (sparkdl adds vector_to_array itself) and VectorAssembler
-_KNOWN_SCALA_UDFS = frozenset({
-    "org.apache.spark.sql.ml.InternalFunctionRegistration$",
-    "org.apache.spark.ml.functions$",
-    "org.apache.spark.ml.feature.VectorAssembler",
-})
-_CLASS = re.compile(r'"class"\s*:\s*"[\w.$]*?([\w$]+)"')
+# a plan line: tree drawing, an optional whole-stage-codegen id, the node's name
+_NODE = re.compile(r"^([ :|+\-]*)(?:\*\(\d+\) )?([A-Za-z]\w*)")
+_RELATION = re.compile(r"^Relation (?:\S+)?\[.*?\] (\S+)")
+# the short names of Spark's file formats (a HadoopFsRelation prints its format's short name)
+_FILE_FORMATS = frozenset({"parquet", "csv", "json", "orc", "text", "avro", "binaryFile",
+                           "libsvm", "image", "xml"})
+_DIGESTED_LEAVES = {"LocalRelation": "local rows", "LogicalRDD": "an RDD",
+                    "ExternalRDD": "an RDD"}
+_TEXT_LEAVES = frozenset({"Range", "OneRowRelation"})
+_SCALA_UDF = re.compile(r"\bUDF\(")
+_SEEDS = (23, 42)  # the two hashes of the content digest
 
 
 @dataclass(frozen=True)
@@ -70,40 +73,120 @@ class Fingerprint:
 
 def fingerprint(df: DataFrame, options: dict[str, Any] | None = None) -> Fingerprint:
     """The fingerprint of ``df`` written with ``options`` (see the module doc)."""
-    facts = _plan_facts(df)
-    leaves: list[Any] = []
+    optimized, physical = _plan_text(df)
     doubts: list[str] = []
-    if facts["functions"]:
-        doubts.append(f"the plan calls functions ({', '.join(facts['functions'])}) whose "
+    functions = sorted({name for _, name in _nodes(optimized + physical)
+                        if _FOREIGN_FUNCTION.search(name)})
+    if functions:
+        doubts.append(f"the plan calls Python/R functions ({', '.join(functions)}) whose "
                       "code and captured state it does not show")
-    for leaf in facts["leaves"]:
-        if "doubt" in leaf:
-            doubts.append(leaf["doubt"])
-        elif "files" in leaf:
-            stamps, unlisted = _file_stamps(leaf["files"])
-            leaves.append({**leaf, "files": stamps})
-            doubts.extend(f"input file {uri} cannot be listed" for uri in unlisted)
+    kinds: list[str] = []
+    digested: list[str] = ["a Scala UDF"] if _SCALA_UDF.search(optimized) else []
+    for line in _leaves(optimized):
+        kind, doubt = _leaf_kind(line)
+        if doubt:
+            doubts.append(doubt)
+        elif kind in _DIGESTED_LEAVES:
+            digested.append(_DIGESTED_LEAVES[kind])
         else:
-            leaves.append(leaf)
-    parts = {"plan": facts["plan"], "schema": df.schema.json(), "options": options or {},
-             "leaves": leaves}
+            kinds.append(kind)
+    parts: dict[str, Any] = {"plan": _EXPR_ID.sub("", optimized), "schema": df.schema.json(),
+                             "options": options or {}}
+    files: list[list[Any]] = []
+    if not doubts:
+        files, unlisted = _file_stamps(df.inputFiles())
+        doubts.extend(f"input file {uri} cannot be listed" for uri in unlisted)
     if doubts:
         parts["salt"] = secrets.token_hex(16)
+    elif digested:
+        parts["digest"], digest_doubt = _digest(df)
+        if digest_doubt:
+            doubts.append(digest_doubt)
+            parts["salt"] = secrets.token_hex(16)
+    else:
+        parts["semantic_hash"] = df.semanticHash()  # the reader options the text leaves out
+    parts["files"] = files
     text = json.dumps(parts, sort_keys=True, default=str)
     key = hashlib.sha256(text.encode()).hexdigest()[:32]
     if doubts:
         return Fingerprint(key, False, "; ".join(dict.fromkeys(doubts)))
-    return Fingerprint(key, True, "same plan, schema and write options over the same inputs ("
-                       + ", ".join(_describe(leaf) for leaf in leaves) + ")")
+    covered = [f"{len(files)} input file(s) with unchanged sizes and modification times"
+               if files else "", ", ".join(sorted(set(kinds) - {"files"})),
+               f"a digest of the content ({', '.join(dict.fromkeys(digested))})"
+               if digested else ""]
+    return Fingerprint(key, True, "same plan, schema and write options over "
+                       + ("; ".join(c for c in covered if c) or "no input"))
 
 
-def _describe(leaf: dict[str, Any]) -> str:
-    if leaf["kind"] == "files":
-        return (f"{leaf['format']} scan of {len(leaf['files'])} file(s) with unchanged sizes "
-                "and modification times")
-    if leaf["kind"] == "rdd":
-        return f"RDD {leaf['rdd']} of this application"
-    return leaf["kind"]
+def _plan_text(df: DataFrame) -> tuple[str, str]:
+    """The optimized logical plan's and the physical plan's text, every field shown (Spark
+    truncates wide plans by default), from ``explain`` (classic Spark prints it, Spark
+    Connect too)."""
+    conf = df.sparkSession.conf
+    key = "spark.sql.debug.maxToStringFields"
+    previous = conf.get(key, None)
+    conf.set(key, str(2**31 - 1))
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            df.explain(extended=True)
+    finally:
+        if previous is None:
+            conf.unset(key)
+        else:
+            conf.set(key, previous)
+    text = out.getvalue()
+    optimized = text.split("== Optimized Logical Plan ==", 1)[-1]
+    optimized, _, physical = optimized.partition("== Physical Plan ==")
+    return optimized.strip(), physical.strip()
+
+
+def _nodes(text: str) -> list[tuple[int, str]]:
+    """``(depth, name)`` of each node line of a plan's text."""
+    found = []
+    for line in text.splitlines():
+        match = _NODE.match(line)
+        if match:
+            found.append((len(match.group(1)), match.group(2)))
+    return found
+
+
+def _leaves(text: str) -> list[str]:
+    """The lines of a plan's leaves (nodes the next line does not go deeper than)."""
+    lines = [line for line in text.splitlines() if _NODE.match(line)]
+    depths = [len(_NODE.match(line).group(1)) for line in lines]  # type: ignore[union-attr]
+    return [line.lstrip(" :|+-") for i, line in enumerate(lines)
+            if i + 1 == len(lines) or depths[i + 1] <= depths[i]]
+
+
+def _leaf_kind(line: str) -> tuple[str, str | None]:
+    """A leaf's kind, and why its data cannot be proven unchanged (``None`` if it can)."""
+    relation = _RELATION.match(line)
+    if relation:
+        source = relation.group(1)
+        if source in _FILE_FORMATS:
+            return "files", None
+        return "Relation", (f"{source} is not a file scan: its data can change while the "
+                            "plan stays the same")
+    name = _NODE.match(line).group(2)  # type: ignore[union-attr]
+    if name in _DIGESTED_LEAVES or name in _TEXT_LEAVES:
+        return name, None
+    return name, (f"{name} is not a file scan, local data or a range: its data cannot be "
+                  "proven unchanged")
+
+
+def _digest(df: DataFrame) -> tuple[list[str], str | None]:
+    """The row count and two sums of 64-bit row hashes (order-free: a multiset's digest)."""
+    from pyspark.sql import functions as F
+
+    columns = [F.col(f"`{name}`") for name in df.columns]
+    sums = [F.sum(F.xxhash64(F.lit(seed), *columns).cast("decimal(38,0)")) for seed in _SEEDS]
+    try:
+        row = df.agg(F.count(F.lit(1)), *sums).collect()[0]
+    except Exception as exc:  # e.g. map columns, which Spark does not hash
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return [], f"the content digest failed: {first}"
+    return [str(value) for value in row], None
 
 
 def _file_stamps(uris: list[str]) -> tuple[list[list[Any]], list[str]]:
@@ -117,106 +200,6 @@ def _file_stamps(uris: list[str]) -> tuple[list[list[Any]], list[str]]:
         except Exception:
             unlisted.append(uri)
     return stamps, unlisted
-
-
-def _plan_facts(df: DataFrame) -> dict[str, Any]:
-    """What the fingerprint needs from Spark's JVM: the optimized plan's text, the Python/R
-    functions it calls and one dict per leaf (``doubt`` set where the leaf's data cannot be
-    identified)."""
-    plan = df._jdf.queryExecution().optimizedPlan()
-    classes = set(_CLASS.findall(str(plan.toJSON())))
-    functions = sorted(name for name in classes if _FOREIGN_FUNCTION.search(name))
-    if "ScalaUDF" in classes:
-        functions += sorted({f"a Scala UDF of {owner.rstrip('$').rsplit('.', 1)[-1]}"
-                             for owner in _scala_udf_owners(plan)
-                             if owner not in _KNOWN_SCALA_UDFS})
-    leaves = plan.collectLeaves()
-    return {
-        "plan": _EXPR_ID.sub("", _full_plan_text(df, plan)),
-        "functions": functions,
-        "leaves": [_leaf_facts(leaves.apply(i)) for i in range(leaves.size())],
-    }
-
-
-def _leaf_facts(leaf: Any) -> dict[str, Any]:
-    kind = str(leaf.getClass().getSimpleName())
-    if kind == "LogicalRelation":
-        relation = leaf.relation()
-        name = str(relation.getClass().getSimpleName())
-        if name != "HadoopFsRelation":
-            return {"kind": kind, "doubt": f"{name} is not a file scan: its data can change "
-                    "while the plan stays the same"}
-        options: dict[str, str] = {}
-        entries = relation.options().iterator()
-        while entries.hasNext():
-            entry = entries.next()
-            options[str(entry._1()).lower()] = str(entry._2())
-        return {"kind": "files", "format": str(relation.fileFormat().toString()),
-                "options": options, "data_schema": str(relation.dataSchema().json()),
-                "partition_schema": str(relation.partitionSchema().json()),
-                "files": [str(f) for f in relation.location().inputFiles()]}
-    if kind == "LogicalRDD":
-        rdd = leaf.rdd()
-        sources = _rdd_sources(rdd)
-        if sources != {"ParallelCollectionRDD"}:
-            return {"kind": kind, "doubt": f"an RDD read from {', '.join(sorted(sources))}, "
-                    "whose data can change while the RDD stays the same"}
-        return {"kind": "rdd", "app": str(rdd.context().applicationId()), "rdd": int(rdd.id())}
-    if kind == "LocalRelation":
-        rows = str(leaf.data().toString())
-        return {"kind": "local rows", "rows": hashlib.sha256(rows.encode()).hexdigest()}
-    if kind in ("Range", "OneRowRelation"):
-        return {"kind": kind, "text": _EXPR_ID.sub("", str(leaf.toString()))}
-    return {"kind": kind, "doubt": f"{kind} is not a file scan, local data or a range: its "
-            "data cannot be proven unchanged"}
-
-
-def _scala_udf_owners(plan: Any) -> list[str]:
-    """The classes defining the Scala/Java UDFs the plan calls."""
-    owners, nodes, expressions = [], [plan], []
-    while nodes:
-        node = nodes.pop()
-        for seq, into in ((node.children(), nodes), (node.expressions(), expressions)):
-            into.extend(seq.apply(i) for i in range(seq.size()))
-    while expressions:
-        expression = expressions.pop()
-        if expression.getClass().getSimpleName() == "ScalaUDF":
-            owners.append(str(expression.function().getClass().getName()).split("$$Lambda")[0])
-        children = expression.children()
-        expressions.extend(children.apply(i) for i in range(children.size()))
-    return owners
-
-
-def _rdd_sources(rdd: Any) -> set[str]:
-    """Class names of the RDDs a lineage starts from (those without dependencies)."""
-    sources: set[str] = set()
-    pending, seen = [rdd], set()
-    while pending:
-        current = pending.pop()
-        if int(current.id()) in seen:
-            continue
-        seen.add(int(current.id()))
-        dependencies = current.dependencies()
-        if dependencies.isEmpty():
-            sources.add(str(current.getClass().getSimpleName()))
-        for i in range(dependencies.size()):
-            pending.append(dependencies.apply(i).rdd())
-    return sources
-
-
-def _full_plan_text(df: DataFrame, plan: Any) -> str:
-    """The plan's text with every field shown (Spark truncates wide plans by default)."""
-    conf = df.sparkSession.conf
-    key = "spark.sql.debug.maxToStringFields"
-    previous = conf.get(key, None)
-    conf.set(key, str(2**31 - 1))
-    try:
-        return str(plan.toString())
-    finally:
-        if previous is None:
-            conf.unset(key)
-        else:
-            conf.set(key, previous)
 
 
 __all__ = ["Fingerprint", "fingerprint"]

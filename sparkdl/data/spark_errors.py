@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkdl.errors import DataError, SparkDLError
 
@@ -119,7 +119,9 @@ def _from_spark(exc: BaseException) -> bool:
 
 
 #: Spark's loggers that print a failed task's whole JVM stack trace (60-90 lines) before the
-#: one clear :class:`DataError` line.
+#: one clear :class:`DataError` line: off in the driver's log4j 2 configuration of a session
+#: sparkdl starts (``sparkdl/log4j2.properties``; no public API, classic or Connect, changes a
+#: running JVM's loggers).
 NOISY_LOGGERS = (
     "org.apache.spark.executor.Executor",
     "org.apache.spark.scheduler.TaskSetManager",
@@ -127,16 +129,3 @@ NOISY_LOGGERS = (
     "org.apache.spark.sql.execution.datasources.FileFormatWriter",
     "org.apache.spark.sql.execution.streaming.FileStreamSink",
 )
-
-
-def quiet_task_failures(spark: Any) -> None:
-    """Silence the driver-side loggers that repeat a failed task's JVM stack trace; the
-    error still reaches Python and becomes one :class:`DataError` (or the original error)."""
-    try:
-        jvm = spark.sparkContext._jvm
-        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
-        level = jvm.org.apache.logging.log4j.Level.OFF
-        for name in NOISY_LOGGERS:
-            configurator.setLevel(name, level)
-    except Exception:  # only cosmetic: a JVM without log4j 2 keeps its noise
-        return

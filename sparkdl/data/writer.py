@@ -371,7 +371,9 @@ def write_shards(
                 f"label_shape {label_shape} does not match the label length {label_len}"
             )
     if num_files is None:
-        parallelism = df.sparkSession.sparkContext.defaultParallelism
+        from sparkdl.session import default_parallelism
+
+        parallelism = default_parallelism(df.sparkSession)
         num_files = max(1, min(parallelism, math.ceil(rows / rows_per_group)))
     if num_workers is not None:
         num_files = max(num_files, 4 * num_workers)
@@ -397,7 +399,7 @@ def write_shards(
             .drop(_HASH_COL)
         )
         writer = (
-            shuffled.write.mode("errorifexists")
+            shuffled.write.mode("error")  # "errorifexists" (Spark Connect knows only "error")
             .option("parquet.block.row.count.limit", int(rows_per_group))
             .option("parquet.page.write-checksum.enabled", "true")  # the reader verifies them
         )

@@ -133,7 +133,8 @@ def test_fingerprint_follows_the_plan_and_the_input_files(spark, tmp_path):
 
     local = spark.createDataFrame([(1.0,)], "x double")
     assert fingerprint(local) == fingerprint(local)
-    assert fingerprint(local) != fingerprint(spark.createDataFrame([(1.0,)], "x double"))
+    assert fingerprint(local) == fingerprint(spark.createDataFrame([(1.0,)], "x double"))
+    assert fingerprint(local) != fingerprint(spark.createDataFrame([(2.0,)], "x double"))
 
 
 

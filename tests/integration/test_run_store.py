@@ -107,7 +107,7 @@ def test_plans_with_python_functions_are_never_reused(spark):
     assert len({p.key for p in prints}) == len(prints)
 
 
-def test_spark_ml_transforms_are_rewritten_but_vector_to_array_is_reused(spark):
+def test_spark_ml_transforms_are_proven_by_a_digest_of_their_output(spark):
     from pyspark.ml.feature import MinMaxScaler, VectorAssembler
     from pyspark.ml.functions import array_to_vector, vector_to_array
     from pyspark.sql import functions as F
@@ -116,9 +116,11 @@ def test_spark_ml_transforms_are_rewritten_but_vector_to_array_is_reused(spark):
         spark.createDataFrame([(1.0,), (3.0,)], "a double"))
     narrow = MinMaxScaler(inputCol="v", outputCol="s").fit(data)
     wide = MinMaxScaler(inputCol="v", outputCol="s", max=10.0).fit(data)
+    # the same plan text (UDF(v)): only the scalers' captured ranges differ
     prints = [fingerprint(narrow.transform(data)), fingerprint(wide.transform(data))]
-    assert not any(p.reusable for p in prints) and prints[0].key != prints[1].key
-    assert "Scala UDF of MinMaxScalerModel" in prints[0].why, prints[0].why
+    assert all(p.reusable and "digest" in p.why for p in prints), prints
+    assert prints[0].key != prints[1].key
+    assert fingerprint(narrow.transform(data)).key == prints[0].key  # transformed again
 
     vectors = spark.range(4).select(array_to_vector(F.array(F.col("id").cast("double"))).alias("v"))
     assembled = fingerprint(data)  # VectorAssembler: its output follows from its inputs
@@ -128,13 +130,19 @@ def test_spark_ml_transforms_are_rewritten_but_vector_to_array_is_reused(spark):
     assert fingerprint(vectors.select(vector_to_array("v", "float32"))).key == arrays.key
 
 
-def test_an_rdd_is_reused_only_when_its_data_lives_in_the_application(spark, tmp_path):
-    local = spark.createDataFrame([(1.0,)], "x double")  # parallelized Python data
+def test_local_rows_and_rdds_are_proven_by_a_digest_of_their_content(spark, tmp_path):
+    local = spark.createDataFrame([(1.0,)], "x double")  # Python data held by the driver
     assert fingerprint(local).reusable and fingerprint(local).key == fingerprint(local).key
-    lines = _csv(tmp_path, "1.0\n2.0\n", "lines.txt")
-    read = spark.createDataFrame(spark.sparkContext.textFile(lines).map(lambda s: (float(s),)),
+    assert fingerprint(spark.createDataFrame([(2.0,)], "x double")).key != fingerprint(local).key
+    path = tmp_path / "lines.txt"
+    path.write_text("1.0\n2.0\n")
+    # a test may use an RDD: classic Spark's users have them
+    read = spark.createDataFrame(spark.sparkContext.textFile(str(path)).map(lambda s: (float(s),)),
                                  "x double")
-    assert not fingerprint(read).reusable  # the file behind the RDD can change
+    before = fingerprint(read)
+    assert before.reusable and "digest" in before.why, before.why
+    path.write_text("1.0\n3.0\n")  # the file behind the RDD changed: the digest sees it
+    assert fingerprint(read).key != before.key
     assert fingerprint(spark.range(3)).reusable
 
 

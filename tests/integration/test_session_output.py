@@ -15,23 +15,33 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.spark
 
 _SCRIPT = """
-from sparkdl.session import get_spark
+from sparkdl.session import default_parallelism, get_spark
 spark = get_spark()
 print("rows", spark.range(5).count())
+print("parallelism as the context says:",
+      default_parallelism(spark) == spark.sparkContext.defaultParallelism)
+try:
+    spark.range(2).selectExpr("raise_error('a bad record')").collect()
+except Exception as exc:
+    print("failed:", "a bad record" in str(exc))
 spark.stop()
 """
 
 
-def test_a_job_session_starts_without_the_jvm_start_up_lines(tmp_path):
+def test_a_job_session_starts_and_fails_a_task_without_the_jvms_chatter(tmp_path):
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PYTHONPATH": str(REPO)}
     env.pop("SPARK_CONF_DIR", None)
     proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["rows 5"]
+    assert proc.stdout.splitlines() == ["rows 5", "parallelism as the context says: True",
+                                        "failed: True"]
     chatter = [line for line in proc.stderr.splitlines() if STARTUP_CHATTER.search(line)]
     assert chatter == [], proc.stderr
+    # a failed task's JVM stack trace stays out (sparkdl/log4j2.properties)
+    assert not [line for line in proc.stderr.splitlines()
+                if "Executor:" in line or "TaskSetManager:" in line], proc.stderr
 
 
 def test_a_log4j_setting_of_the_users_own_is_kept():

@@ -184,20 +184,18 @@ def test_conf_from_s3(s3_bucket: str) -> None:
         load_config(f"{s3_bucket}/none.yaml")
 
 
-def test_configure_s3_sets_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(storage.S3_ENDPOINT_ENV, raising=False)
-    environment: dict[str, str] = {}
-
-    class Context:  # what configure_s3 uses of a SparkContext: its environment mapping
-        pass
-
-    context = Context()
-    context.environment = environment  # type: ignore[attr-defined]
-    storage.configure_s3("http://minio:9000", None, context)  # type: ignore[arg-type]
+def test_configure_s3_sets_the_endpoint_that_tasks_receive(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
+    monkeypatch.delenv(storage.S3_ENDPOINT_ENV, raising=False)
+    monkeypatch.delenv(storage.S3_REGION_ENV, raising=False)
+    storage.configure_s3("http://minio:9000", None)
     assert os.environ[storage.S3_ENDPOINT_ENV] == "http://minio:9000"
-    assert environment == {storage.S3_ENDPOINT_ENV: "http://minio:9000"}
+    shipped = storage.s3_environment()
+    assert shipped == {storage.S3_ENDPOINT_ENV: "http://minio:9000"}
+    monkeypatch.setenv(storage.S3_ENDPOINT_ENV, "http://elsewhere:9000")  # a task's own
+    storage.apply_environment(shipped)
+    assert os.environ[storage.S3_ENDPOINT_ENV] == "http://minio:9000"
 
 
 def test_shards_on_s3_read_by_sparkdls_reader(s3_bucket: str, tmp_path: Path) -> None:

@@ -1,0 +1,303 @@
+"""``SparkModel.evaluate`` and ``SparkModel.predict``: the model on the executors, through
+DataFrame operations only (``mapInPandas``, a pandas UDF), so classic Spark and Spark Connect
+run them alike.
+
+The model travels inside the function Spark ships to the executors (cloudpickle; Spark sends
+one copy per stage), with the driver's S3 settings; each Python worker loads it once.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+from sparkdl.data.files import read_metadata
+from sparkdl.errors import ConfigurationError, DataError
+from sparkdl.evaluation import evaluation_from_dict
+from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
+from sparkdl.storage import apply_environment, s3_environment, spark_uri
+from sparkdl.training.model_check import check_model_fits_shards
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame
+
+    from sparkdl.data.frames import FeaturesCol
+    from sparkdl.etl.normalizers import Normalizer
+    from sparkdl.spark_model import SparkModel
+
+
+def evaluate(
+    spark_model: SparkModel,
+    data: str | DataFrame,
+    batch_size: int = 256,
+    *,
+    evaluations: EvaluationRequest | None = None,
+    features_col: FeaturesCol = "features",
+    label_col: str = "label",
+    store: str | None = None,
+    keep_shards: bool = False,
+) -> Any:
+    """Evaluate the current model on a shard directory or a DataFrame, on the executors,
+    in one pass.
+
+    Args:
+        data: the shard directory, or a DataFrame whose labels are read as in ``fit``
+            (string labels map to the classes ``fit`` saw); its shards go to the run
+            store ``store`` (kept with ``keep_shards``).
+        batch_size: rows per prediction batch.
+        evaluations: ``None`` for the default evaluation of the labels (an
+            :class:`~sparkdl.evaluation.Evaluation` for classes, a
+            :class:`~sparkdl.evaluation.RegressionEvaluation` for regression targets),
+            returned alone. Or a list of evaluations and/or registered names
+            (``["classification", "roc", "top_n:5"]``): all are computed in the same pass
+            and returned merged, as a list in the same order. For shards with several
+            outputs, a dict of such lists by output name (a missing output gets its
+            default); the result is then a dict by output name.
+        features_col, label_col: the DataFrame's columns (as in ``fit``).
+    """
+    from sparkdl.session import default_parallelism, task_cpus
+    from sparkdl.training.serialization import model_to_bytes
+
+    if _is_dataframe(data):
+        data = spark_model._shards_of(data, features_col, label_col, None, store, keep_shards,
+                                      what="evaluate()")
+    elif not isinstance(data, str):
+        raise ConfigurationError(
+            "evaluate() takes a Spark DataFrame or the URI of a shard directory (str), "
+            f"got {type(data).__name__}"
+        )
+    data_uri = data
+    metadata = read_metadata(data_uri)
+    check_model_fits_shards(spark_model.model, metadata, data_uri, training=False)
+    plan = evaluation_plan(metadata, evaluations)
+    templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
+    model_bytes = model_to_bytes(spark_model.model)
+    spark = spark_model.spark
+    threads, custom_objects, environment = task_cpus(spark), spark_model.custom_objects, \
+        s3_environment()
+
+    def evaluate_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        import pandas as pd
+
+        from sparkdl.data.reader import iter_batches
+        from sparkdl.evaluation import evaluation_from_dict
+
+        apply_environment(environment)
+        paths = [str(path) for frame in frames for path in frame["path"]]
+        parts = {key: [evaluation_from_dict(d) for d in values]
+                 for key, values in templates.items()}
+        if paths:
+            model = _load_task_model(model_bytes, custom_objects, threads)
+            for x, y, *_ in iter_batches(data_uri, paths, batch_size):  # rows unweighted
+                outputs = by_output(model, model.predict_on_batch(x), y)
+                for key, values in parts.items():
+                    for evaluation in values:
+                        evaluation.eval(*outputs[key])
+        result = {key: [e.to_dict() for e in values] for key, values in parts.items()}
+        yield pd.DataFrame({"result": [pickle.dumps(result)]})
+
+    files = [f.path for f in metadata.files]
+    partitions = max(1, min(len(files), default_parallelism(spark)))
+    paths = spark.createDataFrame([(path,) for path in files], "path string")
+    rows = paths.repartition(partitions).mapInPandas(evaluate_partition, "result binary").collect()
+    for row in rows:
+        result = pickle.loads(row["result"])
+        for key, values in plan.items():
+            for total, part in zip(values, result[key], strict=True):
+                total.merge(evaluation_from_dict(part))
+    if evaluations is None and not metadata.multi:
+        return plan[None][0]
+    if not metadata.multi:
+        return plan[None]
+    return plan if evaluations is not None else {k: v[0] for k, v in plan.items()}
+
+
+def predict(
+    spark_model: SparkModel,
+    data: str | DataFrame,
+    batch_size: int = 256,
+    *,
+    normalizer: Normalizer | dict[str, Any] | str | None = None,
+    features_col: FeaturesCol = "features",
+    label_kind: str | None = None,
+    prediction_col: str = "prediction",
+    probability_col: str = "probability",
+) -> DataFrame:
+    """Predict on a shard directory or a DataFrame; returns its rows with Spark ML columns.
+
+    Classification: ``prediction`` (double, the class index) and ``probability`` (a Spark
+    ML vector of the class probabilities). Regression: ``prediction`` is the model's
+    output, a double for one output and a Spark ML vector for several. The kind is
+    ``label_kind``, else the shards' or the last ``fit``'s, else inferred from the model
+    (softmax or one-unit sigmoid output: classification). ``features_col`` is as in ``fit``.
+
+    ``normalizer`` normalizes raw features on the executors before the model sees them,
+    with the same math as the ETL (``Normalizer.apply_numpy``): a fitted normalizer, its
+    ``to_config()`` dict, or a shard directory whose ``_sparkdl.json`` holds one, such as
+    the shards the model was trained on. Shards written with a normalizer are already
+    normalized: predict on them without one.
+    """
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    from sparkdl.data.frames import features_column, infer_model_kind, model_output_width
+
+    model = spark_model.model
+    norm_config = normalizer_config(normalizer)
+    if isinstance(data, str):
+        metadata = read_metadata(data)
+        if metadata.multi:
+            raise ConfigurationError(
+                f"predict() on {data}: shards with several inputs and outputs are not "
+                "supported yet; evaluate() them, or predict with the Keras model on "
+                "sparkdl.data.reader.read_all(...)"
+            )
+        check_model_fits_shards(model, metadata, data, training=False)
+        df = spark_model.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
+        feature_shape = metadata.feature_shape
+        kind = label_kind or metadata.label_kind
+    elif _is_dataframe(data):
+        df = data
+        feature_shape = [int(d) for d in model.input_shape[1:]]
+        fitted = spark_model.label_spec.kind if spark_model.label_spec else None
+        kind = label_kind or fitted or infer_model_kind(model)
+    else:
+        raise ConfigurationError(
+            "predict() takes a Spark DataFrame or the URI of a shard directory (str), "
+            f"got {type(data).__name__}"
+        )
+    if kind not in ("class", "regression"):
+        raise ConfigurationError(f"label_kind must be 'class' or 'regression', got {kind!r}")
+    for name in (prediction_col, probability_col):
+        if name in df.columns:
+            raise DataError(f"predict(): the DataFrame already has a column {name!r}; "
+                            "choose another output column name")
+    udf = scores_udf(spark_model, feature_shape, batch_size, norm_config)
+    inputs, scores = "__sparkdl_inputs", F.col("__sparkdl_scores")
+    out = (df.withColumn(inputs, features_column(df, features_col))
+           .withColumn("__sparkdl_scores", udf(F.col(inputs))))
+    width = model_output_width(model)
+    if kind == "regression":
+        value = scores[0].cast("double") if width == 1 else array_to_vector(scores)
+        out = out.withColumn(prediction_col, value)
+    elif width == 1:  # a one-unit sigmoid: P(class 1)
+        out = (out.withColumn(probability_col,
+                              array_to_vector(F.array(1 - scores[0], scores[0])))
+               .withColumn(prediction_col, (scores[0] >= 0.5).cast("double")))
+    else:
+        argmax = F.array_position(scores, F.array_max(scores)) - 1
+        out = (out.withColumn(prediction_col, argmax.cast("double"))
+               .withColumn(probability_col, array_to_vector(scores)))
+    return out.drop(inputs, "__sparkdl_scores")
+
+
+def scores_udf(
+    spark_model: SparkModel, feature_shape: Sequence[int], batch_size: int,
+    norm_config: dict[str, Any] | None,
+) -> Any:
+    """A pandas UDF: ``array<float>`` features → the model's output vector, on executors."""
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
+
+    from sparkdl.etl.normalizers import normalizer_from_config
+    from sparkdl.session import task_cpus
+    from sparkdl.training.serialization import model_to_bytes
+
+    model_bytes = model_to_bytes(spark_model.model)
+    threads, custom_objects = task_cpus(spark_model.spark), spark_model.custom_objects
+    environment = s3_environment()
+    shape = [int(d) for d in feature_shape]
+
+    def predict_scores(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        apply_environment(environment)
+        model = _load_task_model(model_bytes, custom_objects, threads)
+        norm = normalizer_from_config(norm_config) if norm_config else None
+        for features in batches:
+            if len(features) == 0:
+                yield pd.Series([], dtype=object)
+                continue
+            outputs: list[np.ndarray] = []
+            for start in range(0, len(features), batch_size):
+                part = features.iloc[start : start + batch_size]
+                x = np.stack(part.to_numpy()).astype(np.float32)
+                if norm is not None:
+                    x = norm.apply_numpy(x)
+                y = np.asarray(model.predict_on_batch(x.reshape(-1, *shape)))
+                outputs.extend(y.reshape(len(part), -1).astype(np.float32))
+            yield pd.Series(outputs, index=features.index)
+
+    with warnings.catch_warnings():  # the hints would be strings here (future annotations)
+        warnings.simplefilter("ignore", UserWarning)
+        udf = pandas_udf(predict_scores, "array<float>", PandasUDFType.SCALAR_ITER)
+    # not deterministic for the optimizer: the model runs once per row, never twice
+    return udf.asNondeterministic()
+
+
+def normalizer_config(
+    normalizer: Normalizer | dict[str, Any] | str | None,
+) -> dict[str, Any] | None:
+    """The ``to_config()`` dict of ``predict``'s ``normalizer`` argument, checked on the driver."""
+    from sparkdl.etl.normalizers import Normalizer, normalizer_from_config
+
+    if normalizer is None:
+        return None
+    if isinstance(normalizer, str):
+        config = read_metadata(normalizer, verify=False).normalizer
+        if not config:
+            raise ConfigurationError(
+                f"predict(normalizer={normalizer!r}): the shards' metadata holds no normalizer"
+            )
+    elif isinstance(normalizer, Normalizer):
+        config = normalizer.to_config()
+    elif isinstance(normalizer, dict):
+        config = normalizer
+    else:
+        raise ConfigurationError(
+            f"predict(normalizer=...) takes a Normalizer, its config dict or a shard directory, "
+            f"got {type(normalizer).__name__}"
+        )
+    if not normalizer_from_config(config).fitted:
+        raise ConfigurationError(
+            f"predict(normalizer=...): the {config.get('class_name')} is not fitted"
+        )
+    return config
+
+
+# Runs inside Spark tasks ------------------------------------------------------------------
+
+_TASK_MODELS: dict[int, Any] = {}
+
+
+def _load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> Any:
+    """Load the shipped model once per Python worker process."""
+    from sparkdl.gpu import pin_gpus, task_gpu_addresses
+
+    pin_gpus(task_gpu_addresses(), role="model")  # before anything imports TensorFlow
+    from sparkdl.training.serialization import model_from_bytes
+    from sparkdl.training.worker import configure_tensorflow
+
+    key = hash(model_bytes)
+    if key not in _TASK_MODELS:
+        configure_tensorflow(threads)
+        _TASK_MODELS.clear()
+        _TASK_MODELS[key] = model_from_bytes(model_bytes, custom_objects)
+    return _TASK_MODELS[key]
+
+
+def _is_dataframe(data: Any) -> TypeGuard[DataFrame]:
+    """A classic or a Spark Connect DataFrame."""
+    from pyspark.sql import DataFrame
+
+    return isinstance(data, DataFrame)
+
+
+def _join(uri: str, relative: str) -> str:
+    """``uri/relative`` as Spark reads it."""
+    return spark_uri(uri.rstrip("/") + "/" + relative)
+
+
+__all__ = ["evaluate", "normalizer_config", "predict", "scores_udf"]

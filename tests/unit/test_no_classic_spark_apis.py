@@ -1,0 +1,29 @@
+"""sparkdl talks to Spark through public DataFrame APIs only, which Spark Connect offers too:
+no SparkContext, RDDs, Py4J handles (``_jsc``, ``_jdf``, ``_jvm``), broadcasts or job groups."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLASSIC_ONLY = re.compile(
+    r"sparkContext|SparkContext|\._jsc\b|\._jdf\b|\._jvm\b|\.rdd\b|\.parallelize\(|"
+    r"\bsc\.broadcast\(|setJobGroup|setLocalProperty"
+)
+# the RDD barrier launcher, which wip-launcher rebuilds on mapInArrow(..., barrier=True)
+LAUNCH_PATH = {"sparkdl/spark_model.py", "sparkdl/benchmarks/scaling.py"}
+# get_spark starting a classic session under spark-submit (its JVM is already running)
+ALLOWED = {"from pyspark import SparkConf, SparkContext", "SparkContext._ensure_initialized()"}
+
+
+def test_the_library_uses_no_classic_only_spark_api():
+    found = []
+    for path in sorted((ROOT / "sparkdl").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if name in LAUNCH_PATH:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if CLASSIC_ONLY.search(line.split("#", 1)[0]) and line.strip() not in ALLOWED:
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
