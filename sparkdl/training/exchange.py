@@ -214,11 +214,23 @@ class UpdateExchange(abc.ABC):
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self.model.trainable_variables)]
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-        return loss, flat, tf.reduce_all(tf.math.is_finite(flat))
+        return loss, flat, all_finite([flat])
 
     def _apply_flat(self, flat: tf.Tensor) -> None:
         """One optimizer step with the flat gradient ``flat``."""
         self.model.optimizer.apply(self.trainable.split(flat), self.model.trainable_variables)
+
+
+def all_finite(tensors: list[tf.Tensor]) -> tf.Tensor:
+    """(In a graph) whether every element of ``tensors`` is finite, in one summing pass: a sum
+    is finite only if every term is (NaN and ±inf propagate), so only a non-finite sum (or
+    an overflow of finite terms) pays the exact element-wise check."""
+    total = tf.add_n([tf.reduce_sum(t) for t in tensors])
+    return tf.cond(
+        tf.math.is_finite(total),
+        lambda: tf.constant(True),
+        lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]),
+    )
 
 
 class Stopwatch:

@@ -12,7 +12,7 @@ from sparkdl.comm.communicator import Communicator
 from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.device_encoding import variable_device
-from sparkdl.training.exchange import UpdateExchange
+from sparkdl.training.exchange import UpdateExchange, all_finite
 from sparkdl.training.host_views import HostViews, writable
 from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
 
@@ -118,17 +118,17 @@ class GradientSharingExchange(UpdateExchange):
         for variable, shared in zip(variables, self._shared):
             pieces.append(variable - shared)
             variable.assign(shared)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
+        finite = all_finite(pieces)
         if flat:
             return loss, tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0), finite
         return loss, pieces, finite
 
     def _fused_update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
         """:meth:`_update_graph` with the optimizer writing the update into variables of its
-        own, ``U``: the weights stay W. A non-finite update leaves ``U`` zero (the step ends
-        before the encode; the optimizer's state has taken the step, as in the fallback).
-        Also returns reads of W that alias its buffers (for :meth:`apply`'s in-place
-        addition)."""
+        own, ``U``: the weights stay W. A non-finite update ends the step before the encode
+        (:meth:`compute_update` then zeroes ``U``; the optimizer's state has taken the step,
+        as in the fallback). Also returns reads of W that alias its buffers (for
+        :meth:`apply`'s in-place addition)."""
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
@@ -138,14 +138,7 @@ class GradientSharingExchange(UpdateExchange):
         updates = self._updates
         # on the host, encode zeroes U in place; on a device, U is zeroed here
         pieces = updates.apply(grads, zero=self._views is None)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
-
-        def drop() -> tf.Tensor:
-            for update in updates.variables:
-                update.assign(tf.zeros_like(update))
-            return tf.constant(False)
-
-        tf.cond(finite, lambda: tf.constant(True), drop)
+        finite = all_finite(pieces)
         reads = self._views.reads() if self._views is not None else []
         if flat:
             pieces = tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0)
@@ -198,6 +191,9 @@ class GradientSharingExchange(UpdateExchange):
         loss, update, finite, *reads = self._update_fn(x, y, self._on_device)
         # W is not written by TensorFlow until apply: its reads stay aliases of its buffers
         self._reads = reads[0] if reads and reads[0] and bool(finite) else None
+        if self._updates is not None and not bool(finite):  # drop it: U <- 0
+            for variable in self._updates.variables:
+                variable.assign(tf.zeros_like(variable))
         if not self._on_device:
             update = [np.asarray(piece) for piece in update]
         return loss, update, finite

@@ -144,3 +144,19 @@ def test_a_non_finite_update_ends_the_step_before_anything_is_sent() -> None:
     hooks = [h for h, _ in calls]
     assert hooks == ["compute_update", "encode", "communicate", "decode", "apply",
                      "compute_update"]
+
+
+def test_the_finiteness_check_is_exact_when_a_finite_sum_overflows() -> None:
+    """One summing pass decides the common case; an overflowing sum of finite elements is
+    still finite, and a single NaN or inf anywhere is not."""
+    import tensorflow as tf
+
+    from sparkdl.training.exchange import all_finite
+
+    check = tf.function(all_finite)
+    big = tf.fill([1000], np.float32(3e38))
+    assert bool(check([big, tf.ones([3])]))
+    for bad in (np.nan, np.inf, -np.inf):
+        values = np.zeros(1000, np.float32)
+        values[617] = bad
+        assert not bool(check([tf.ones([2, 2]), tf.constant(values)]))
