@@ -13,6 +13,7 @@ import tensorflow as tf
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
 from sparkdl.training import timeline
+from sparkdl.training.host_views import shared_tensor
 from sparkdl.training.metrics import CompiledMetrics
 from sparkdl.training.overlap import InFlightExchange, overlap_timeout
 from sparkdl.training.variables import FlatVariables
@@ -72,6 +73,7 @@ class UpdateExchange(abc.ABC):
         self._evaluate_fn: Any = None
         self._gradients_fn: Any = None
         self._apply_gradients_fn: Any = None
+        self._update_tensor: tuple[np.ndarray, tf.Tensor] | None = None
         model.optimizer.build(model.trainable_variables)
 
     # The template -----------------------------------------------------------------------
@@ -122,7 +124,9 @@ class UpdateExchange(abc.ABC):
         if self._gradients_fn is None:
             self._gradients_fn = tf.function(self._flat_gradients, reduce_retracing=True)
         loss, grads, finite = self._gradients_fn(x, y)
-        return loss, np.asarray(grads), finite
+        update = np.asarray(grads)
+        self._update_tensor = (update, grads)  # handed back as is if it comes back unchanged
+        return loss, update, finite
 
     def encode(self, update: Any, step: int) -> Any:
         """The message this worker sends (main thread); by default the update itself."""
@@ -144,9 +148,17 @@ class UpdateExchange(abc.ABC):
             self._apply_gradients_fn = tf.function(
                 self._apply_flat, input_signature=[tf.TensorSpec([None], tf.float32)]
             )
-        # one explicit conversion: a numpy argument costs tf.function far more than the copy
-        self._apply_gradients_fn(tf.convert_to_tensor(decoded, tf.float32))
+        # a tensor argument: a numpy one costs tf.function far more than the conversion
+        self._apply_gradients_fn(self._host_tensor(decoded))
         return {}
+
+    def _host_tensor(self, array: np.ndarray) -> tf.Tensor:
+        """``array`` as a tensor without a copy: this step's own update (one rank) is its
+        tensor; another array (the collective's result) is shared through DLPack."""
+        known, self._update_tensor = self._update_tensor, None
+        if known is not None and known[0] is array:
+            return known[1]
+        return shared_tensor(array)
 
     # Around the steps -------------------------------------------------------------------
 
