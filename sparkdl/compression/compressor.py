@@ -27,7 +27,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sparkdl.compression.encoding import EncodedUpdate, Encoding, decode_into, threshold_encode
+from sparkdl.compression.encoding import (
+    CHUNK_ELEMENTS,
+    EncodedUpdate,
+    Encoding,
+    decode_into,
+    sparse_entries,
+    threshold_encode,
+)
 from sparkdl.compression.memory import HostMemory, Memory
 from sparkdl.compression.threshold import (
     AdaptiveThreshold,
@@ -115,6 +122,16 @@ class Compressor(abc.ABC):
     @abc.abstractmethod
     def compress(self, update: Any, step: int) -> tuple[bytes, EncodingStats]:
         """Add ``update`` to the memory, encode, and return ``(frame, stats)``."""
+
+    def compress_consuming(
+        self, pieces: Sequence[np.ndarray], step: int
+    ) -> tuple[bytes, EncodingStats]:
+        """:meth:`compress` of the update's pieces (writable float32 arrays), which are zero
+        afterwards; by default zeroed after the encode (a subclass may fuse the two)."""
+        message = self.compress(pieces, step)
+        for piece in pieces:
+            piece.fill(0)
+        return message
 
     @abc.abstractmethod
     def decompress_sum(
@@ -250,18 +267,26 @@ class ThresholdCompressor(Compressor):
         shake = self.shake_up is not None and self.shake_up.due(step)
         return shake, tau * self.shake_up.factor if shake and self.shake_up else tau
 
+    def compress_consuming(
+        self, pieces: Sequence[np.ndarray], step: int
+    ) -> tuple[bytes, EncodingStats]:
+        """:meth:`compress`, each piece zeroed chunk by chunk in the sweep that adds it to the
+        residual (while the chunk is in cache)."""
+        return self.compress(pieces, step, consume=True)
+
     def compress(
-        self, update: np.ndarray | Sequence[np.ndarray], step: int
+        self, update: np.ndarray | Sequence[np.ndarray], step: int, *, consume: bool = False
     ) -> tuple[bytes, EncodingStats]:
         """Add ``update`` to the residual, encode it, and return ``(frame, stats)``.
 
         ``update``: the float32 vector, or its consecutive pieces (float32 arrays of any
         shape whose sizes add up to ``num_elements``; each is added to its slice of the
-        residual, so the caller need not concatenate them)."""
+        residual, so the caller need not concatenate them). ``consume`` (pieces only, then
+        writable and contiguous): zero each piece as it is added, in the same sweep."""
         started = time.perf_counter()
         residual = self.memory.residual
         if not isinstance(update, np.ndarray):
-            self._add_pieces(residual, update)
+            self._add_pieces(residual, update, consume)
             add = None
         elif self.threshold.uses_residual:
             self._check("update", update)
@@ -275,7 +300,9 @@ class ThresholdCompressor(Compressor):
         self.memory.post_process(tau, step)
         return self.finish_frame(encoded, step, shake, started)
 
-    def _add_pieces(self, residual: np.ndarray, pieces: Sequence[np.ndarray]) -> None:
+    def _add_pieces(
+        self, residual: np.ndarray, pieces: Sequence[np.ndarray], consume: bool = False
+    ) -> None:
         arrays = [np.asarray(piece) for piece in pieces]
         sizes = [a.size for a in arrays]
         if sum(sizes) != self.num_elements or any(a.dtype != np.float32 for a in arrays):
@@ -283,10 +310,18 @@ class ThresholdCompressor(Compressor):
                 f"update pieces must be float32 arrays of {self.num_elements} elements in all, "
                 f"got sizes {sizes} and dtypes {sorted({str(a.dtype) for a in arrays})}"
             )
+        if consume and not all(a.flags.writeable and a.flags.c_contiguous for a in arrays):
+            raise ConfigurationError("consumed update pieces must be writable and contiguous")
         start = 0
         for array, size in zip(arrays, sizes):
-            piece = residual[start:start + size]
-            np.add(piece, array.reshape(-1), out=piece)
+            flat = array.reshape(-1)
+            # chunk by chunk, so that a consumed chunk is zeroed while it is in cache
+            for first in range(0, size, CHUNK_ELEMENTS if consume else max(size, 1)):
+                last = min(first + CHUNK_ELEMENTS, size) if consume else size
+                piece = residual[start + first:start + last]
+                np.add(piece, flat[first:last], out=piece)
+                if consume:
+                    flat[first:last] = 0.0
             start += size
 
     def finish_frame(
@@ -332,23 +367,28 @@ class ThresholdCompressor(Compressor):
         self, frames: Sequence[bytes | memoryview], step: int, scratch: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """:meth:`decompress_sum` in O(entries) when every frame is sparse: the same additions
-        in the same order, into the zeros of ``scratch``, read back at the touched indices and
-        zeroed again (also when a frame is bad)."""
+        in the same order (rank order, starting from zero), done on the entries alone (a
+        merge of sorted index lists; ``scratch`` is checked and left zero)."""
         self._check("scratch", scratch)
         unpacked = list(self._unpacked(frames, step))
         if any(header.encoding is not Encoding.SPARSE for _, header, _ in unpacked):
             return None
-        touched: list[np.ndarray] = []
-        try:
-            for position, header, payload in unpacked:
-                self._decode(position, header, payload, scratch)
-                codes = np.frombuffer(payload, dtype="<i4")
-                touched.append(np.abs(codes).astype(np.int64) - 1)
-            index = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
-            return index, scratch[index]
-        finally:
-            for entries in touched:
-                scratch[entries] = 0.0
+        index: np.ndarray = np.zeros(0, np.int64)
+        total = np.zeros(0, np.float32)
+        for position, header, payload in unpacked:
+            try:
+                entries, values = sparse_entries(payload, self.num_elements, header.tau)
+            except CommunicationError as exc:
+                raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
+            if not index.size:  # 0 + v == v exactly
+                index, total = entries.astype(np.int64), values
+                continue
+            union = np.union1d(index, entries)
+            summed = np.zeros(union.size, np.float32)
+            summed[np.searchsorted(union, index)] = total
+            summed[np.searchsorted(union, entries)] += values
+            index, total = union, summed
+        return index, total
 
     def _unpacked(
         self, frames: Sequence[bytes | memoryview], step: int

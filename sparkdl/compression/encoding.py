@@ -43,6 +43,7 @@ __all__ = [
     "Encoding",
     "bitmap_nbytes",
     "decode_into",
+    "sparse_entries",
     "threshold_encode",
 ]
 
@@ -121,6 +122,16 @@ def _signed_tau(values: np.ndarray, t: np.float32) -> np.ndarray:
     return bits
 
 
+def _mask_indices(mask: np.ndarray, length: int) -> np.ndarray:
+    """``np.flatnonzero(mask[:length])``, scanning eight mask bytes per word (a sparse mask
+    is mostly zero words); ``mask`` holds a multiple of 8 bytes, zero past ``length``."""
+    words = np.flatnonzero(mask[: (length + 7) & ~7].view(np.uint64))
+    if words.size == 0:
+        return words
+    hits = np.flatnonzero(mask.view(np.uint8).reshape(-1, 8)[words])
+    return words[hits >> 3] * 8 + (hits & 7)
+
+
 def _encode_dense(
     chunk: np.ndarray, mask: np.ndarray, t: np.float32, code_buf: np.ndarray, target: np.ndarray
 ) -> int:
@@ -190,7 +201,7 @@ def threshold_encode(
     max_sparse = bm_nbytes // 4  # most candidates whose sparse payload is not larger
     width = min(n, CHUNK_ELEMENTS)
     abs_buf = np.empty(width, np.float32)
-    mask_buf = np.empty(width, np.bool_)
+    mask_buf = np.zeros((width + 7) & ~7, np.bool_)  # whole words for _mask_indices
     # Sparse phase: only collect candidate indices per chunk (cheap); the subtraction is done
     # once, vectorised, over all of them. Past max_sparse candidates switch to the bitmap
     # phase, which processes and packs each chunk as it goes.
@@ -207,7 +218,9 @@ def threshold_encode(
             if add is not None:
                 np.add(chunk, add[start:stop], out=chunk)
             a = np.abs(chunk, out=abs_buf[:length])
-            local = np.flatnonzero(np.greater_equal(a, t, out=mask_buf[:length]))
+            np.greater_equal(a, t, out=mask_buf[:length])
+            mask_buf[length:] = False
+            local = _mask_indices(mask_buf, length)
             if local.size == 0:
                 continue
             if bitmap is None:
@@ -267,6 +280,37 @@ def _as_bytes_view(payload: object) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+def sparse_entries(
+    payload: bytes | memoryview, num_elements: int, tau: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(index, value)`` pairs of one SPARSE payload: int32 indices, strictly
+    increasing, and their float32 ``±tau``. A malformed payload raises
+    :class:`CommunicationError` (see :func:`decode_into`)."""
+    n = int(num_elements)
+    t = _float32_tau(tau, CommunicationError)
+    data = _as_bytes_view(payload)
+    nbytes = data.nbytes
+    if nbytes % 4:
+        raise CommunicationError(f"sparse payload of {nbytes} bytes is not a multiple of 4")
+    if nbytes // 4 > n:
+        raise CommunicationError(f"sparse payload has {nbytes // 4} entries for {n} elements")
+    if nbytes == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.float32)
+    codes = np.frombuffer(data, dtype="<i4")
+    low, high = int(codes.min()), int(codes.max())
+    if low < -n or high > n or np.count_nonzero(codes) != codes.size:
+        raise CommunicationError(
+            f"sparse entry out of range (min {low}, max {high}, expected 1..{n} by magnitude,"
+            " never 0)"
+        )
+    index = np.abs(codes)
+    index -= 1
+    if index.size > 1 and not bool(np.all(index[1:] > index[:-1])):
+        raise CommunicationError("sparse indices are not strictly increasing")
+    # +t or -t from the sign bit of each entry
+    return index, _signed_tau(codes.view(np.float32), t).view(np.float32)
+
+
 def decode_into(
     encoding: Encoding,
     payload: bytes | memoryview,
@@ -296,31 +340,13 @@ def decode_into(
         kind = Encoding(encoding)
     except ValueError:
         raise CommunicationError(f"unknown encoding {encoding!r}") from None
+    if kind is Encoding.SPARSE:
+        index, values = sparse_entries(payload, n, tau)
+        out[index] += values  # one gather/add/scatter (indices unique)
+        return
     t = _float32_tau(tau, CommunicationError)
     data = _as_bytes_view(payload)
     nbytes = data.nbytes
-    if kind is Encoding.SPARSE:
-        if nbytes % 4:
-            raise CommunicationError(f"sparse payload of {nbytes} bytes is not a multiple of 4")
-        if nbytes // 4 > n:
-            raise CommunicationError(f"sparse payload has {nbytes // 4} entries for {n} elements")
-        if nbytes == 0:
-            return
-        codes = np.frombuffer(data, dtype="<i4")
-        low, high = int(codes.min()), int(codes.max())
-        if low < -n or high > n or np.count_nonzero(codes) != codes.size:
-            raise CommunicationError(
-                f"sparse entry out of range (min {low}, max {high}, expected 1..{n} by magnitude,"
-                " never 0)"
-            )
-        index = np.abs(codes)
-        index -= 1
-        if index.size > 1 and not bool(np.all(index[1:] > index[:-1])):
-            raise CommunicationError("sparse indices are not strictly increasing")
-        # +t or -t from the sign bit of each entry; one gather/add/scatter (indices unique).
-        values = _signed_tau(codes.view(np.float32), t).view(np.float32)
-        out[index] += values
-        return
     expected = bitmap_nbytes(n)
     if nbytes != expected:
         raise CommunicationError(

@@ -199,11 +199,11 @@ class GradientSharingExchange(UpdateExchange):
         return loss, update, finite
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
-        message = self.compressor.compress(update, step)
-        if self._views is not None:  # fused on the host: U ← 0 for the next step, in place
-            for piece in update:  # views of U's buffers (read without copy)
-                writable(piece).fill(0)
-        return message
+        if self._views is not None:  # fused on the host: U ← 0 for the next step, in place,
+            # in the sweep that adds it to the residual (views of U's buffers, read without copy)
+            pieces = [writable(piece.reshape(-1)) for piece in update]
+            return self.compressor.compress_consuming(pieces, step)
+        return self.compressor.compress(update, step)
 
     def communicate(self, message: tuple[bytes, Any], step: int) -> Any:
         frame, stats = message
