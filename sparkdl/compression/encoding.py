@@ -129,7 +129,8 @@ def _mask_indices(mask: np.ndarray, length: int) -> np.ndarray:
     if words.size == 0:
         return words
     hits = np.flatnonzero(mask.view(np.uint8).reshape(-1, 8)[words])
-    return words[hits >> 3] * 8 + (hits & 7)
+    index: np.ndarray = words[hits >> 3] * 8 + (hits & 7)
+    return index
 
 
 def _encode_dense(
