@@ -285,11 +285,8 @@ class ThresholdCompressor(Compressor):
         writable and contiguous): zero each piece as it is added, in the same sweep."""
         started = time.perf_counter()
         residual = self.memory.residual
-        sample = None
         if not isinstance(update, np.ndarray):
-            plan = (self.threshold.sample_plan(residual.size, step)
-                    if self.threshold.uses_residual and residual.size else None)
-            sample = self._add_pieces(residual, update, consume, plan)
+            self._add_pieces(residual, update, consume)
             add = None
         elif self.threshold.uses_residual:
             self._check("update", update)
@@ -297,25 +294,15 @@ class ThresholdCompressor(Compressor):
             add = None
         else:
             add = self._check("update", update)  # fused into the encode sweep
-        if sample is not None:  # taken in the sweep that added the update
-            tau = self.threshold.select_sample(sample, plan[2])  # type: ignore[index]
-        else:  # reads the residual only if uses_residual
-            tau = self.threshold.select(residual, step)
+        tau = self.threshold.select(residual, step)  # reads the residual only if uses_residual
         shake, encode_tau = self.shaken_tau(tau, step)
         encoded = threshold_encode(residual, encode_tau, add=add)
         self.memory.post_process(tau, step)
         return self.finish_frame(encoded, step, shake, started)
 
     def _add_pieces(
-        self,
-        residual: np.ndarray,
-        pieces: Sequence[np.ndarray],
-        consume: bool = False,
-        plan: tuple[int, int, int] | None = None,
-    ) -> np.ndarray | None:
-        """Add the pieces to their slices of the residual (zeroing them with ``consume``);
-        with a threshold's ``plan`` also return ``residual[offset::stride]`` afterwards,
-        gathered chunk by chunk in the same sweep."""
+        self, residual: np.ndarray, pieces: Sequence[np.ndarray], consume: bool = False
+    ) -> None:
         arrays = [np.asarray(piece) for piece in pieces]
         sizes = [a.size for a in arrays]
         if sum(sizes) != self.num_elements or any(a.dtype != np.float32 for a in arrays):
@@ -325,25 +312,17 @@ class ThresholdCompressor(Compressor):
             )
         if consume and not all(a.flags.writeable and a.flags.c_contiguous for a in arrays):
             raise ConfigurationError("consumed update pieces must be writable and contiguous")
-        samples: list[np.ndarray] = []
         start = 0
         for array, size in zip(arrays, sizes):
             flat = array.reshape(-1)
-            # chunk by chunk, so that a chunk is zeroed and sampled while it is in cache
+            # chunk by chunk, so that a consumed chunk is zeroed while it is in cache
             for first in range(0, size, CHUNK_ELEMENTS if consume else max(size, 1)):
                 last = min(first + CHUNK_ELEMENTS, size) if consume else size
-                low, high = start + first, start + last
-                piece = residual[low:high]
+                piece = residual[start + first:start + last]
                 np.add(piece, flat[first:last], out=piece)
                 if consume:
                     flat[first:last] = 0.0
-                if plan is not None:
-                    offset, stride = plan[0], plan[1]
-                    samples.append(residual[low + (offset - low) % stride:high:stride])
             start += size
-        if plan is None:
-            return None
-        return np.concatenate(samples) if samples else np.zeros(0, np.float32)
 
     def finish_frame(
         self, encoded: EncodedUpdate, step: int, shake: bool, started: float

@@ -135,17 +135,6 @@ class ThresholdAlgorithm:
         """Tau for ``step`` given the residual about to be encoded; default :meth:`threshold`."""
         return self.threshold(step)
 
-    def sample_plan(self, n: int, step: int) -> tuple[int, int, int] | None:
-        """``(offset, stride, passing)`` when :meth:`select` reads only the strided sample
-        ``residual[offset::stride]`` of an ``n``-element residual (then
-        ``select_sample(sample, passing)`` gives the same tau, and a compressor may take the
-        sample while the residual is in cache); None (the default) otherwise."""
-        return None
-
-    def select_sample(self, sample: np.ndarray, passing: int) -> float:
-        """Tau from the sample of :meth:`sample_plan` (only where that is not None)."""
-        raise NotImplementedError
-
     def observe(self, nnz: int, num_elements: int) -> None:
         """Record that the last step sent ``nnz`` of ``num_elements`` elements."""
 
@@ -290,11 +279,7 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
         if n == 0:
             return self.tau
         offset, stride, passing = self.sample_plan(n, step)
-        return self.select_sample(residual[offset::stride], passing)
-
-    def select_sample(self, sample: np.ndarray, passing: int) -> float:
-        """The new tau from the strided sample (signed values) and how many should pass."""
-        sample = np.abs(sample)
+        sample = np.abs(residual[offset::stride])
         # The quantile moves slowly: when at least `passing` elements reach half the last
         # tau, they hold every element above the quantile, so partitioning them alone gives
         # the same value (NaN counts as the largest, as np.partition sorts it).
