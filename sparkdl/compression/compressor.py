@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sparkdl.compression.encoding import (
-    CHUNK_ELEMENTS,
     EncodedUpdate,
     Encoding,
     decode_into,
@@ -270,8 +269,7 @@ class ThresholdCompressor(Compressor):
     def compress_consuming(
         self, pieces: Sequence[np.ndarray], step: int
     ) -> tuple[bytes, EncodingStats]:
-        """:meth:`compress`, each piece zeroed chunk by chunk in the sweep that adds it to the
-        residual (while the chunk is in cache)."""
+        """:meth:`compress`, each piece zeroed right after it is added to the residual."""
         return self.compress(pieces, step, consume=True)
 
     def compress(
@@ -282,7 +280,7 @@ class ThresholdCompressor(Compressor):
         ``update``: the float32 vector, or its consecutive pieces (float32 arrays of any
         shape whose sizes add up to ``num_elements``; each is added to its slice of the
         residual, so the caller need not concatenate them). ``consume`` (pieces only, then
-        writable and contiguous): zero each piece as it is added, in the same sweep."""
+        writable and contiguous): zero each piece once it is added."""
         started = time.perf_counter()
         residual = self.memory.residual
         if not isinstance(update, np.ndarray):
@@ -314,14 +312,10 @@ class ThresholdCompressor(Compressor):
             raise ConfigurationError("consumed update pieces must be writable and contiguous")
         start = 0
         for array, size in zip(arrays, sizes):
-            flat = array.reshape(-1)
-            # chunk by chunk, so that a consumed chunk is zeroed while it is in cache
-            for first in range(0, size, CHUNK_ELEMENTS if consume else max(size, 1)):
-                last = min(first + CHUNK_ELEMENTS, size) if consume else size
-                piece = residual[start + first:start + last]
-                np.add(piece, flat[first:last], out=piece)
-                if consume:
-                    flat[first:last] = 0.0
+            piece = residual[start:start + size]
+            np.add(piece, array.reshape(-1), out=piece)
+            if consume:
+                array.fill(0)
             start += size
 
     def finish_frame(

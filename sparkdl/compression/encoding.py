@@ -122,17 +122,6 @@ def _signed_tau(values: np.ndarray, t: np.float32) -> np.ndarray:
     return bits
 
 
-def _mask_indices(mask: np.ndarray, length: int) -> np.ndarray:
-    """``np.flatnonzero(mask[:length])``, scanning eight mask bytes per word (a sparse mask
-    is mostly zero words); ``mask`` holds a multiple of 8 bytes, zero past ``length``."""
-    words = np.flatnonzero(mask[: (length + 7) & ~7].view(np.uint64))
-    if words.size == 0:
-        return words
-    hits = np.flatnonzero(mask.view(np.uint8).reshape(-1, 8)[words])
-    index: np.ndarray = words[hits >> 3] * 8 + (hits & 7)
-    return index
-
-
 def _encode_dense(
     chunk: np.ndarray, mask: np.ndarray, t: np.float32, code_buf: np.ndarray, target: np.ndarray
 ) -> int:
@@ -202,7 +191,7 @@ def threshold_encode(
     max_sparse = bm_nbytes // 4  # most candidates whose sparse payload is not larger
     width = min(n, CHUNK_ELEMENTS)
     abs_buf = np.empty(width, np.float32)
-    mask_buf = np.zeros((width + 7) & ~7, np.bool_)  # whole words for _mask_indices
+    mask_buf = np.empty(width, np.bool_)
     # Sparse phase: only collect candidate indices per chunk (cheap); the subtraction is done
     # once, vectorised, over all of them. Past max_sparse candidates switch to the bitmap
     # phase, which processes and packs each chunk as it goes.
@@ -219,9 +208,7 @@ def threshold_encode(
             if add is not None:
                 np.add(chunk, add[start:stop], out=chunk)
             a = np.abs(chunk, out=abs_buf[:length])
-            np.greater_equal(a, t, out=mask_buf[:length])
-            mask_buf[length:] = False
-            local = _mask_indices(mask_buf, length)
+            local = np.flatnonzero(np.greater_equal(a, t, out=mask_buf[:length]))
             if local.size == 0:
                 continue
             if bitmap is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -243,3 +245,23 @@ def test_sparse_sum_of_overlapping_frames_adds_in_rank_order_bit_for_bit() -> No
     rebuilt[index] = values
     assert np.array_equal(rebuilt.view(np.int32), dense.view(np.int32))
     assert np.all(np.diff(index) > 0) and 50 < index.size < 200
+
+
+@pytest.mark.parametrize("threshold", [TargetSparsityThreshold(1e-2), FixedThreshold(2e-3)])
+def test_consumed_pieces_encode_exactly_like_the_flat_update_and_end_zero(threshold) -> None:  # type: ignore[no-untyped-def]
+    """The residual, tau and every frame match the flat update's bit for bit, and the
+    pieces are zero afterwards."""
+    rng = np.random.default_rng(6)
+    sizes = [70_000, 3, 65_536, 1, 9_000]
+    n = sum(sizes)
+    flat_comp = ThresholdCompressor(n, copy.deepcopy(threshold), job_id=1)
+    piece_comp = ThresholdCompressor(n, copy.deepcopy(threshold), job_id=1)
+    for step in range(6):
+        update = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+        pieces = [p.copy() for p in np.split(update, np.cumsum(sizes)[:-1])]
+        expected = flat_comp.compress(update, step)
+        got = piece_comp.compress_consuming(pieces, step)
+        assert got[0] == expected[0] and got[1].tau == expected[1].tau
+        assert np.array_equal(piece_comp.residual.view(np.int32),
+                              flat_comp.residual.view(np.int32))
+        assert not any(p.any() for p in pieces)
