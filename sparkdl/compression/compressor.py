@@ -122,16 +122,6 @@ class Compressor(abc.ABC):
     def compress(self, update: Any, step: int) -> tuple[bytes, EncodingStats]:
         """Add ``update`` to the memory, encode, and return ``(frame, stats)``."""
 
-    def compress_consuming(
-        self, pieces: Sequence[np.ndarray], step: int
-    ) -> tuple[bytes, EncodingStats]:
-        """:meth:`compress` of the update's pieces (writable float32 arrays), which are zero
-        afterwards; by default zeroed after the encode (a subclass may fuse the two)."""
-        message = self.compress(pieces, step)
-        for piece in pieces:
-            piece.fill(0)
-        return message
-
     @abc.abstractmethod
     def decompress_sum(
         self, frames: Sequence[bytes | memoryview], step: int, out: np.ndarray | None = None
@@ -266,25 +256,18 @@ class ThresholdCompressor(Compressor):
         shake = self.shake_up is not None and self.shake_up.due(step)
         return shake, tau * self.shake_up.factor if shake and self.shake_up else tau
 
-    def compress_consuming(
-        self, pieces: Sequence[np.ndarray], step: int
-    ) -> tuple[bytes, EncodingStats]:
-        """:meth:`compress`, each piece zeroed right after it is added to the residual."""
-        return self.compress(pieces, step, consume=True)
-
     def compress(
-        self, update: np.ndarray | Sequence[np.ndarray], step: int, *, consume: bool = False
+        self, update: np.ndarray | Sequence[np.ndarray], step: int
     ) -> tuple[bytes, EncodingStats]:
         """Add ``update`` to the residual, encode it, and return ``(frame, stats)``.
 
         ``update``: the float32 vector, or its consecutive pieces (float32 arrays of any
         shape whose sizes add up to ``num_elements``; each is added to its slice of the
-        residual, so the caller need not concatenate them). ``consume`` (pieces only, then
-        writable and contiguous): zero each piece once it is added."""
+        residual, so the caller need not concatenate them)."""
         started = time.perf_counter()
         residual = self.memory.residual
         if not isinstance(update, np.ndarray):
-            self._add_pieces(residual, update, consume)
+            self._add_pieces(residual, update)
             add = None
         elif self.threshold.uses_residual:
             self._check("update", update)
@@ -298,9 +281,7 @@ class ThresholdCompressor(Compressor):
         self.memory.post_process(tau, step)
         return self.finish_frame(encoded, step, shake, started)
 
-    def _add_pieces(
-        self, residual: np.ndarray, pieces: Sequence[np.ndarray], consume: bool = False
-    ) -> None:
+    def _add_pieces(self, residual: np.ndarray, pieces: Sequence[np.ndarray]) -> None:
         arrays = [np.asarray(piece) for piece in pieces]
         sizes = [a.size for a in arrays]
         if sum(sizes) != self.num_elements or any(a.dtype != np.float32 for a in arrays):
@@ -308,14 +289,10 @@ class ThresholdCompressor(Compressor):
                 f"update pieces must be float32 arrays of {self.num_elements} elements in all, "
                 f"got sizes {sizes} and dtypes {sorted({str(a.dtype) for a in arrays})}"
             )
-        if consume and not all(a.flags.writeable and a.flags.c_contiguous for a in arrays):
-            raise ConfigurationError("consumed update pieces must be writable and contiguous")
         start = 0
         for array, size in zip(arrays, sizes):
             piece = residual[start:start + size]
             np.add(piece, array.reshape(-1), out=piece)
-            if consume:
-                array.fill(0)
             start += size
 
     def finish_frame(

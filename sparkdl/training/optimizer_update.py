@@ -83,12 +83,42 @@ class UpdateVariables:
                 raise ValueError("the optimizer must be built on exactly these variables")
             indices[optimizer._var_key(update)] = i
 
-    def apply(self, grads: Sequence[tf.Tensor], zero: bool = True) -> list[tf.Tensor]:
-        """(In a graph) ``U ← 0`` (``zero=False``: the caller zeroed them since the last
-        step), one optimizer step on ``U`` with ``grads``; returns the values of ``U`` (the
-        update), aliasing their buffers on the host."""
-        if zero:
-            for update in self.variables:
+    def apply(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """(In a graph) one optimizer step on ``U`` with ``grads``; returns the values of
+        ``U`` (the update), aliasing their buffers on the host.
+
+        The optimizer's one addition to each ``U[i]`` (``assign_add(U, d)`` or
+        ``assign_sub(U, d)``) is written as an assignment of ``0 + d`` (``0 - d``): bit for bit
+        what adding to a zeroed ``U`` gives, without a pass that zeroes ``U`` or reads it back.
+        A variable with a sparse gradient is zeroed first and takes the optimizer's own
+        scatter."""
+        optimizer = self.optimizer
+        grads = list(grads)
+        mine = {id(update): i for i, update in enumerate(self.variables)}
+        calls = [0] * len(self.variables)
+        for update, grad in zip(self.variables, grads):
+            if isinstance(grad, tf.IndexedSlices):
                 update.assign(tf.zeros_like(update))
-        self.optimizer.apply(list(grads), self.variables)
+        add, sub = optimizer.assign_add, optimizer.assign_sub
+
+        def written(variable: Any, value: Any, sign: float, fallback: Any) -> None:
+            i = mine.get(id(variable))
+            value = tf.cast(value, tf.float32) if i is not None else value
+            if i is None or isinstance(value, tf.IndexedSlices):
+                fallback(variable, value)
+                return
+            calls[i] += 1
+            variable.assign(tf.add(0.0, value) if sign > 0 else tf.subtract(0.0, value))
+
+        optimizer.assign_add = lambda variable, value: written(variable, value, 1.0, add)
+        optimizer.assign_sub = lambda variable, value: written(variable, value, -1.0, sub)
+        try:
+            optimizer.apply(grads, self.variables)
+        finally:
+            del optimizer.assign_add, optimizer.assign_sub
+        if any(count > 1 for count in calls):
+            raise RuntimeError(
+                f"{type(optimizer).__name__} adds to a variable more than once per step; "
+                "its update cannot be written into U"
+            )
         return [read_no_copy(update) for update in self.variables]

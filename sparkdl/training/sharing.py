@@ -13,7 +13,7 @@ from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.device_encoding import variable_device
 from sparkdl.training.exchange import UpdateExchange, all_finite
-from sparkdl.training.host_views import HostViews, writable
+from sparkdl.training.host_views import HostViews
 from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
 
 
@@ -125,19 +125,17 @@ class GradientSharingExchange(UpdateExchange):
 
     def _fused_update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
         """:meth:`_update_graph` with the optimizer writing the update into variables of its
-        own, ``U``: the weights stay W. A non-finite update ends the step before the encode
-        (:meth:`compute_update` then zeroes ``U``; the optimizer's state has taken the step,
-        as in the fallback). Also returns reads of W that alias its buffers (for
-        :meth:`apply`'s in-place addition)."""
+        own, ``U`` (overwritten each step, never zeroed): the weights stay W. A non-finite
+        update ends the step before the encode (the optimizer's state has taken the step, as
+        in the fallback). Also returns reads of W that alias its buffers (for :meth:`apply`'s
+        in-place addition)."""
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
         grads = tape.gradient(loss, variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, variables)]
-        updates = self._updates
-        # on the host, encode zeroes U in place; on a device, U is zeroed here
-        pieces = updates.apply(grads, zero=self._views is None)
+        pieces = self._updates.apply(grads)  # U holds this step's update, whatever it held
         finite = all_finite(pieces)
         reads = self._views.reads() if self._views is not None else []
         if flat:
@@ -191,18 +189,11 @@ class GradientSharingExchange(UpdateExchange):
         loss, update, finite, *reads = self._update_fn(x, y, self._on_device)
         # W is not written by TensorFlow until apply: its reads stay aliases of its buffers
         self._reads = reads[0] if reads and reads[0] and bool(finite) else None
-        if self._updates is not None and not bool(finite):  # drop it: U <- 0
-            for variable in self._updates.variables:
-                variable.assign(tf.zeros_like(variable))
         if not self._on_device:
             update = [np.asarray(piece) for piece in update]
         return loss, update, finite
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
-        if self._views is not None:  # fused on the host: U ← 0 for the next step, in place,
-            # in the sweep that adds it to the residual (views of U's buffers, read without copy)
-            pieces = [writable(piece.reshape(-1)) for piece in update]
-            return self.compressor.compress_consuming(pieces, step)
         return self.compressor.compress(update, step)
 
     def communicate(self, message: tuple[bytes, Any], step: int) -> Any:
