@@ -76,6 +76,7 @@ class UpdateVariables:
             tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"update_{i}")
             for i, v in enumerate(variables)
         ]
+        self._zero = tf.Variable(0.0, trainable=False, name="update_zero")
         # The optimizer finds a variable's slots by its key: U[i] maps to variables[i]'s.
         indices = optimizer._trainable_variables_indices
         for i, (variable, update) in enumerate(zip(variables, self.variables)):
@@ -108,7 +109,9 @@ class UpdateVariables:
                 fallback(variable, value)
                 return
             calls[i] += 1
-            variable.assign(tf.add(0.0, value) if sign > 0 else tf.subtract(0.0, value))
+            # a zero TensorFlow cannot fold away (0 - d is not -d for d = +0.0)
+            zero = self._zero.read_value()
+            variable.assign(tf.add(zero, value) if sign > 0 else tf.subtract(zero, value))
 
         optimizer.assign_add = lambda variable, value: written(variable, value, 1.0, add)
         optimizer.assign_sub = lambda variable, value: written(variable, value, -1.0, sub)
