@@ -5,7 +5,9 @@ weights. For optimizers whose update does not read the weights (SGD with or with
 momentum, Adam, RMSprop, ... without weight decay), applying the gradients to a set of
 zeroed variables ``U`` (shaped like the weights) leaves exactly ``U = u``, while the
 optimizer's own state (momenta, moments, iterations) advances as in a normal step. The
-weights are then never written by the optimizer: no ``v - w`` pass, no reset copy.
+weights are then never written by the optimizer: no ``v - w`` pass, no reset copy. Nor is
+``U`` zeroed: its one addition per step is written as the assignment ``U ← 0 + d``, the
+same bits.
 
 :func:`fallback_reason` says why an optimizer cannot take this path (then the caller applies
 to the weights and takes the update back out of them).

@@ -86,7 +86,7 @@ class GradientSharingExchange(UpdateExchange):
             ]
         n = self.trainable.size
         self._pending_host = np.zeros(n, dtype=np.float32)  # checkpoint compatibility: zeros
-        self._scratch = np.zeros(n, dtype=np.float32)  # zeros between sparse decodes
+        self._scratch = np.zeros(n, dtype=np.float32)  # decompress_sparse_sum's argument
         self._sum = np.zeros(n, dtype=np.float32)  # the dense sum of bitmap frames
         self._update_fn = tf.function(
             self._update_graph if self._updates is None else self._fused_update_graph,
