@@ -280,12 +280,6 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
             return self.tau
         offset, stride, passing = self.sample_plan(n, step)
         sample = np.abs(residual[offset::stride])
-        # The quantile moves slowly: when at least `passing` elements reach half the last
-        # tau, they hold every element above the quantile, so partitioning them alone gives
-        # the same value (NaN counts as the largest, as np.partition sorts it).
-        above = sample[~(sample < np.float32(self.tau * 0.5))]
-        if above.size >= passing:
-            sample = above
         kth = sample.size - passing
         return self.accept_quantile(float(np.partition(sample, kth)[kth]))
 
