@@ -27,7 +27,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sparkdl.compression.encoding import EncodedUpdate, Encoding, decode_into, threshold_encode
+from sparkdl.compression.encoding import (
+    EncodedUpdate,
+    Encoding,
+    decode_into,
+    sparse_entries,
+    threshold_encode,
+)
 from sparkdl.compression.memory import HostMemory, Memory
 from sparkdl.compression.threshold import (
     AdaptiveThreshold,
@@ -332,23 +338,28 @@ class ThresholdCompressor(Compressor):
         self, frames: Sequence[bytes | memoryview], step: int, scratch: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """:meth:`decompress_sum` in O(entries) when every frame is sparse: the same additions
-        in the same order, into the zeros of ``scratch``, read back at the touched indices and
-        zeroed again (also when a frame is bad)."""
+        in the same order (rank order, starting from zero), done on the entries alone (a
+        merge of sorted index lists; ``scratch`` is checked and left zero)."""
         self._check("scratch", scratch)
         unpacked = list(self._unpacked(frames, step))
         if any(header.encoding is not Encoding.SPARSE for _, header, _ in unpacked):
             return None
-        touched: list[np.ndarray] = []
-        try:
-            for position, header, payload in unpacked:
-                self._decode(position, header, payload, scratch)
-                codes = np.frombuffer(payload, dtype="<i4")
-                touched.append(np.abs(codes).astype(np.int64) - 1)
-            index = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
-            return index, scratch[index]
-        finally:
-            for entries in touched:
-                scratch[entries] = 0.0
+        index: np.ndarray = np.zeros(0, np.int64)
+        total = np.zeros(0, np.float32)
+        for position, header, payload in unpacked:
+            try:
+                entries, values = sparse_entries(payload, self.num_elements, header.tau)
+            except CommunicationError as exc:
+                raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
+            if not index.size:  # 0 + v == v exactly
+                index, total = entries.astype(np.int64), values
+                continue
+            union = np.union1d(index, entries)
+            summed = np.zeros(union.size, np.float32)
+            summed[np.searchsorted(union, index)] = total
+            summed[np.searchsorted(union, entries)] += values
+            index, total = union, summed
+        return index, total
 
     def _unpacked(
         self, frames: Sequence[bytes | memoryview], step: int

@@ -43,6 +43,7 @@ __all__ = [
     "Encoding",
     "bitmap_nbytes",
     "decode_into",
+    "sparse_entries",
     "threshold_encode",
 ]
 
@@ -267,6 +268,37 @@ def _as_bytes_view(payload: object) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+def sparse_entries(
+    payload: bytes | memoryview, num_elements: int, tau: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(index, value)`` pairs of one SPARSE payload: int32 indices, strictly
+    increasing, and their float32 ``±tau``. A malformed payload raises
+    :class:`CommunicationError` (see :func:`decode_into`)."""
+    n = int(num_elements)
+    t = _float32_tau(tau, CommunicationError)
+    data = _as_bytes_view(payload)
+    nbytes = data.nbytes
+    if nbytes % 4:
+        raise CommunicationError(f"sparse payload of {nbytes} bytes is not a multiple of 4")
+    if nbytes // 4 > n:
+        raise CommunicationError(f"sparse payload has {nbytes // 4} entries for {n} elements")
+    if nbytes == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.float32)
+    codes = np.frombuffer(data, dtype="<i4")
+    low, high = int(codes.min()), int(codes.max())
+    if low < -n or high > n or np.count_nonzero(codes) != codes.size:
+        raise CommunicationError(
+            f"sparse entry out of range (min {low}, max {high}, expected 1..{n} by magnitude,"
+            " never 0)"
+        )
+    index = np.abs(codes)
+    index -= 1
+    if index.size > 1 and not bool(np.all(index[1:] > index[:-1])):
+        raise CommunicationError("sparse indices are not strictly increasing")
+    # +t or -t from the sign bit of each entry
+    return index, _signed_tau(codes.view(np.float32), t).view(np.float32)
+
+
 def decode_into(
     encoding: Encoding,
     payload: bytes | memoryview,
@@ -296,31 +328,13 @@ def decode_into(
         kind = Encoding(encoding)
     except ValueError:
         raise CommunicationError(f"unknown encoding {encoding!r}") from None
+    if kind is Encoding.SPARSE:
+        index, values = sparse_entries(payload, n, tau)
+        out[index] += values  # one gather/add/scatter (indices unique)
+        return
     t = _float32_tau(tau, CommunicationError)
     data = _as_bytes_view(payload)
     nbytes = data.nbytes
-    if kind is Encoding.SPARSE:
-        if nbytes % 4:
-            raise CommunicationError(f"sparse payload of {nbytes} bytes is not a multiple of 4")
-        if nbytes // 4 > n:
-            raise CommunicationError(f"sparse payload has {nbytes // 4} entries for {n} elements")
-        if nbytes == 0:
-            return
-        codes = np.frombuffer(data, dtype="<i4")
-        low, high = int(codes.min()), int(codes.max())
-        if low < -n or high > n or np.count_nonzero(codes) != codes.size:
-            raise CommunicationError(
-                f"sparse entry out of range (min {low}, max {high}, expected 1..{n} by magnitude,"
-                " never 0)"
-            )
-        index = np.abs(codes)
-        index -= 1
-        if index.size > 1 and not bool(np.all(index[1:] > index[:-1])):
-            raise CommunicationError("sparse indices are not strictly increasing")
-        # +t or -t from the sign bit of each entry; one gather/add/scatter (indices unique).
-        values = _signed_tau(codes.view(np.float32), t).view(np.float32)
-        out[index] += values
-        return
     expected = bitmap_nbytes(n)
     if nbytes != expected:
         raise CommunicationError(

@@ -13,6 +13,7 @@ import tensorflow as tf
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
 from sparkdl.training import timeline
+from sparkdl.training.host_views import shared_tensor
 from sparkdl.training.metrics import CompiledMetrics
 from sparkdl.training.overlap import InFlightExchange, overlap_timeout
 from sparkdl.training.variables import FlatVariables
@@ -81,6 +82,7 @@ class UpdateExchange(abc.ABC):
         self.accumulate_steps = 1
         self._accumulated: np.ndarray | None = None  # the sum of the pending micro-batches
         self._micro_batches = 0
+        self._update_tensor: tuple[np.ndarray, tf.Tensor] | None = None
         model.optimizer.build(model.trainable_variables)
 
     def accumulate(self, steps: int) -> None:
@@ -162,7 +164,9 @@ class UpdateExchange(abc.ABC):
         if self._gradients_fn is None:
             self._gradients_fn = tf.function(self._flat_gradients, reduce_retracing=True)
         loss, grads, finite = self._gradients_fn(x, y)
-        return loss, np.asarray(grads), finite
+        update = np.asarray(grads)
+        self._update_tensor = (update, grads)  # handed back as is if it comes back unchanged
+        return loss, update, finite
 
     def encode(self, update: Any, step: int) -> Any:
         """The message this worker sends (main thread); by default the update itself."""
@@ -184,9 +188,17 @@ class UpdateExchange(abc.ABC):
             self._apply_gradients_fn = tf.function(
                 self._apply_flat, input_signature=[tf.TensorSpec([None], tf.float32)]
             )
-        # one explicit conversion: a numpy argument costs tf.function far more than the copy
-        self._apply_gradients_fn(tf.convert_to_tensor(decoded, tf.float32))
+        # a tensor argument: a numpy one costs tf.function far more than the conversion
+        self._apply_gradients_fn(self._host_tensor(decoded))
         return {}
+
+    def _host_tensor(self, array: np.ndarray) -> tf.Tensor:
+        """``array`` as a tensor without a copy: this step's own update (one rank) is its
+        tensor; another array (the collective's result) is shared through DLPack."""
+        known, self._update_tensor = self._update_tensor, None
+        if known is not None and known[0] is array:
+            return known[1]
+        return shared_tensor(array)
 
     # Around the steps -------------------------------------------------------------------
 
@@ -276,7 +288,7 @@ class UpdateExchange(abc.ABC):
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self.model.trainable_variables)]
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-        return loss, flat, tf.reduce_all(tf.math.is_finite(flat))
+        return loss, flat, all_finite([flat])
 
     def _apply_flat(self, flat: tf.Tensor) -> None:
         """One optimizer step with the flat gradient ``flat``."""
@@ -290,6 +302,18 @@ def model_loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, trai
     if getattr(model, "_compute_loss_has_training_arg", True):
         return model.compute_loss(x, y, y_pred, sample_weight, training=training)
     return model.compute_loss(x, y, y_pred, sample_weight)
+
+
+def all_finite(tensors: list[tf.Tensor]) -> tf.Tensor:
+    """(In a graph) whether every element of ``tensors`` is finite, in one summing pass: a sum
+    is finite only if every term is (NaN and ±inf propagate), so only a non-finite sum (or
+    an overflow of finite terms) pays the exact element-wise check."""
+    total = tf.add_n([tf.reduce_sum(t) for t in tensors])
+    return tf.cond(
+        tf.math.is_finite(total),
+        lambda: tf.constant(True),
+        lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]),
+    )
 
 
 class Stopwatch:

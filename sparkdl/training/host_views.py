@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["HostViews", "read_no_copy", "writable"]
+__all__ = ["HostViews", "read_no_copy", "shared_tensor", "writable"]
 
 
 def read_no_copy(variable: Any) -> tf.Tensor:
@@ -39,6 +39,25 @@ def writable(array: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.float32)
     address = array.__array_interface__["data"][0]
     return np.ctypeslib.as_array((ctypes.c_float * array.size).from_address(address))
+
+
+#: TensorFlow's CPU kernels need buffers aligned to this many bytes (Eigen's largest).
+_TF_ALIGNMENT = 64
+
+
+def shared_tensor(array: np.ndarray) -> tf.Tensor:
+    """A CPU tensor holding ``array`` (float32), sharing its memory through DLPack where
+    TensorFlow can use it as it is (writable, C-contiguous, 64-byte aligned), else a copy.
+    The tensor keeps ``array`` alive; do not change ``array`` while the tensor is in use."""
+    if (
+        array.dtype == np.float32
+        and array.flags.c_contiguous
+        and array.flags.writeable
+        and array.size
+        and array.ctypes.data % _TF_ALIGNMENT == 0
+    ):
+        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    return tf.convert_to_tensor(array, tf.float32)
 
 
 class HostViews:

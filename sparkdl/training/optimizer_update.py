@@ -5,7 +5,9 @@ weights. For optimizers whose update does not read the weights (SGD with or with
 momentum, Adam, RMSprop, ... without weight decay), applying the gradients to a set of
 zeroed variables ``U`` (shaped like the weights) leaves exactly ``U = u``, while the
 optimizer's own state (momenta, moments, iterations) advances as in a normal step. The
-weights are then never written by the optimizer: no ``v - w`` pass, no reset copy.
+weights are then never written by the optimizer: no ``v - w`` pass, no reset copy. Nor is
+``U`` zeroed: its one addition per step is written as the assignment ``U ← 0 + d``, the
+same bits.
 
 :func:`fallback_reason` says why an optimizer cannot take this path (then the caller applies
 to the weights and takes the update back out of them).
@@ -76,6 +78,7 @@ class UpdateVariables:
             tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"update_{i}")
             for i, v in enumerate(variables)
         ]
+        self._zero = tf.Variable(0.0, trainable=False, name="update_zero")
         # The optimizer finds a variable's slots by its key: U[i] maps to variables[i]'s.
         indices = optimizer._trainable_variables_indices
         for i, (variable, update) in enumerate(zip(variables, self.variables)):
@@ -83,12 +86,44 @@ class UpdateVariables:
                 raise ValueError("the optimizer must be built on exactly these variables")
             indices[optimizer._var_key(update)] = i
 
-    def apply(self, grads: Sequence[tf.Tensor], zero: bool = True) -> list[tf.Tensor]:
-        """(In a graph) ``U ← 0`` (``zero=False``: the caller zeroed them since the last
-        step), one optimizer step on ``U`` with ``grads``; returns the values of ``U`` (the
-        update), aliasing their buffers on the host."""
-        if zero:
-            for update in self.variables:
+    def apply(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """(In a graph) one optimizer step on ``U`` with ``grads``; returns the values of
+        ``U`` (the update), aliasing their buffers on the host.
+
+        The optimizer's one addition to each ``U[i]`` (``assign_add(U, d)`` or
+        ``assign_sub(U, d)``) is written as an assignment of ``0 + d`` (``0 - d``): bit for bit
+        what adding to a zeroed ``U`` gives, without a pass that zeroes ``U`` or reads it back.
+        A variable with a sparse gradient is zeroed first and takes the optimizer's own
+        scatter."""
+        optimizer = self.optimizer
+        grads = list(grads)
+        mine = {id(update): i for i, update in enumerate(self.variables)}
+        calls = [0] * len(self.variables)
+        for update, grad in zip(self.variables, grads):
+            if isinstance(grad, tf.IndexedSlices):
                 update.assign(tf.zeros_like(update))
-        self.optimizer.apply(list(grads), self.variables)
+        add, sub = optimizer.assign_add, optimizer.assign_sub
+
+        def written(variable: Any, value: Any, sign: float, fallback: Any) -> None:
+            i = mine.get(id(variable))
+            value = tf.cast(value, tf.float32) if i is not None else value
+            if i is None or isinstance(value, tf.IndexedSlices):
+                fallback(variable, value)
+                return
+            calls[i] += 1
+            # a zero TensorFlow cannot fold away (0 - d is not -d for d = +0.0)
+            zero = self._zero.read_value()
+            variable.assign(tf.add(zero, value) if sign > 0 else tf.subtract(zero, value))
+
+        optimizer.assign_add = lambda variable, value: written(variable, value, 1.0, add)
+        optimizer.assign_sub = lambda variable, value: written(variable, value, -1.0, sub)
+        try:
+            optimizer.apply(grads, self.variables)
+        finally:
+            del optimizer.assign_add, optimizer.assign_sub
+        if any(count > 1 for count in calls):
+            raise RuntimeError(
+                f"{type(optimizer).__name__} adds to a variable more than once per step; "
+                "its update cannot be written into U"
+            )
         return [read_no_copy(update) for update in self.variables]

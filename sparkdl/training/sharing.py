@@ -12,8 +12,8 @@ from sparkdl.comm.communicator import Communicator
 from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.device_encoding import variable_device
-from sparkdl.training.exchange import UpdateExchange
-from sparkdl.training.host_views import HostViews, writable
+from sparkdl.training.exchange import UpdateExchange, all_finite
+from sparkdl.training.host_views import HostViews
 from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
 
 
@@ -86,7 +86,7 @@ class GradientSharingExchange(UpdateExchange):
             ]
         n = self.trainable.size
         self._pending_host = np.zeros(n, dtype=np.float32)  # checkpoint compatibility: zeros
-        self._scratch = np.zeros(n, dtype=np.float32)  # zeros between sparse decodes
+        self._scratch = np.zeros(n, dtype=np.float32)  # decompress_sparse_sum's argument
         self._sum = np.zeros(n, dtype=np.float32)  # the dense sum of bitmap frames
         self._update_fn = tf.function(
             self._update_graph if self._updates is None else self._fused_update_graph,
@@ -118,34 +118,25 @@ class GradientSharingExchange(UpdateExchange):
         for variable, shared in zip(variables, self._shared):
             pieces.append(variable - shared)
             variable.assign(shared)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
+        finite = all_finite(pieces)
         if flat:
             return loss, tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0), finite
         return loss, pieces, finite
 
     def _fused_update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
         """:meth:`_update_graph` with the optimizer writing the update into variables of its
-        own, ``U``: the weights stay W. A non-finite update leaves ``U`` zero (the step ends
-        before the encode; the optimizer's state has taken the step, as in the fallback).
-        Also returns reads of W that alias its buffers (for :meth:`apply`'s in-place
-        addition)."""
+        own, ``U`` (overwritten each step, never zeroed): the weights stay W. A non-finite
+        update ends the step before the encode (the optimizer's state has taken the step, as
+        in the fallback). Also returns reads of W that alias its buffers (for :meth:`apply`'s
+        in-place addition)."""
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
         grads = tape.gradient(loss, variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, variables)]
-        updates = self._updates
-        # on the host, encode zeroes U in place; on a device, U is zeroed here
-        pieces = updates.apply(grads, zero=self._views is None)
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
-
-        def drop() -> tf.Tensor:
-            for update in updates.variables:
-                update.assign(tf.zeros_like(update))
-            return tf.constant(False)
-
-        tf.cond(finite, lambda: tf.constant(True), drop)
+        pieces = self._updates.apply(grads)  # U holds this step's update, whatever it held
+        finite = all_finite(pieces)
         reads = self._views.reads() if self._views is not None else []
         if flat:
             pieces = tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0)
@@ -203,11 +194,7 @@ class GradientSharingExchange(UpdateExchange):
         return loss, update, finite
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
-        message = self.compressor.compress(update, step)
-        if self._views is not None:  # fused on the host: U ← 0 for the next step, in place
-            for piece in update:  # views of U's buffers (read without copy)
-                writable(piece).fill(0)
-        return message
+        return self.compressor.compress(update, step)
 
     def communicate(self, message: tuple[bytes, Any], step: int) -> Any:
         frame, stats = message

@@ -144,3 +144,35 @@ def test_a_non_finite_update_ends_the_step_before_anything_is_sent() -> None:
     hooks = [h for h, _ in calls]
     assert hooks == ["compute_update", "encode", "communicate", "decode", "apply",
                      "compute_update"]
+
+
+def test_the_finiteness_check_is_exact_when_a_finite_sum_overflows() -> None:
+    """One summing pass decides the common case; an overflowing sum of finite elements is
+    still finite, and a single NaN or inf anywhere is not."""
+    import tensorflow as tf
+
+    from sparkdl.training.exchange import all_finite
+
+    check = tf.function(all_finite)
+    big = tf.fill([1000], np.float32(3e38))
+    assert bool(check([big, tf.ones([3])]))
+    for bad in (np.nan, np.inf, -np.inf):
+        values = np.zeros(1000, np.float32)
+        values[617] = bad
+        assert not bool(check([tf.ones([2, 2]), tf.constant(values)]))
+
+
+def test_a_tensor_shares_an_aligned_host_array_and_copies_any_other() -> None:
+    """The collective's result reaches the optimizer without a copy where TensorFlow can use
+    its memory as it is (64-byte aligned, writable); a misaligned one is copied, never read
+    out of place."""
+    from sparkdl.training.host_views import shared_tensor
+
+    raw = np.zeros(4096 + 16, np.float32)
+    start = (-raw.ctypes.data % 64) // 4
+    aligned, misaligned = raw[start:start + 4096], raw[start + 1:start + 4097]
+    aligned[:] = misaligned[:] = np.arange(4096, dtype=np.float32)
+    shared, copied = shared_tensor(aligned), shared_tensor(misaligned)
+    raw[:] = -1.0
+    assert np.all(shared.numpy() == -1.0)
+    assert np.array_equal(copied.numpy(), np.arange(4096, dtype=np.float32))

@@ -217,3 +217,51 @@ def test_a_non_finite_update_is_dropped_and_the_next_step_starts_from_zero() -> 
         assert finals[0] == finals[1]
     finally:
         comm.close()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: keras.optimizers.SGD(0.1),
+    lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+    lambda: keras.optimizers.RMSprop(1e-2, momentum=0.5),
+    lambda: keras.optimizers.Adagrad(0.1),
+    lambda: keras.optimizers.Adadelta(1.0),
+    lambda: keras.optimizers.Adamax(1e-2),
+    lambda: keras.optimizers.Nadam(1e-2),
+    lambda: keras.optimizers.Lion(1e-3),
+    lambda: keras.optimizers.Adam(1e-2, amsgrad=False),
+], ids=["sgd", "nesterov", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "lion", "adam"])
+def test_the_update_written_into_u_is_the_sum_into_zeroed_u_bit_for_bit(make) -> None:  # type: ignore[no-untyped-def]
+    """U ← 0 + d (one assignment, U never zeroed) equals U ← 0; U += d, step after step, for
+    every optimizer the fused path takes (signed zeros included)."""
+    import tensorflow as tf
+
+    from sparkdl.training.optimizer_update import UpdateVariables
+
+    rng = np.random.default_rng(8)
+    shapes = [(3, 4), (4,)]
+    written = []
+    for _ in range(2):
+        variables = [tf.Variable(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+        optimizer = make()
+        optimizer.build(variables)
+        written.append((optimizer, UpdateVariables(optimizer, variables)))
+    ref_optimizer, ref_updates = written.pop()
+
+    @tf.function
+    def write(grads):  # type: ignore[no-untyped-def]
+        return written[0][1].apply(grads)
+
+    @tf.function
+    def add(grads):  # type: ignore[no-untyped-def]
+        for update in ref_updates.variables:
+            update.assign(tf.zeros_like(update))
+        ref_optimizer.apply(grads, ref_updates.variables)
+
+    for step in range(4):
+        grads = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+        grads[1] = grads[1] * tf.constant([0.0, -0.0, 1.0, 1.0])  # zero gradients too
+        write(grads)
+        add(grads)
+        for got, expected in zip(written[0][1].variables, ref_updates.variables):
+            assert np.array_equal(got.numpy().view(np.int32), expected.numpy().view(np.int32)), (
+                step, got.numpy(), expected.numpy())
