@@ -354,6 +354,7 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
             repeats=repeats, warmup=3)
         for exchange in exchanges.values():
             exchange.finish()
+            exchange.close()
     finally:
         comm.close()
     seconds = {mode: statistics.median(t) for mode, t in samples.items()}
