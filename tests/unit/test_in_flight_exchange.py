@@ -90,3 +90,22 @@ def test_close_lets_the_job_in_flight_finish_and_stops_the_worker():
     runner.close()
     runner.close()  # idempotent
     assert done.is_set() and not worker.is_alive()
+
+
+def test_each_job_is_a_span_of_the_worker_thread_with_its_cpu_time():
+    from sparkdl.benchmarks.timeline import summarize
+    from sparkdl.training.timeline import Timeline, recording
+
+    recorder = Timeline(0)
+    runner = InFlightExchange(timeout_s=10)
+    with recording(recorder):
+        for _ in range(3):
+            runner.submit(lambda: None)
+            runner.wait()
+    runner.close()
+    spans = [e for e in recorder.trace()["traceEvents"] if e.get("ph") == "X"]
+    assert [e["name"] for e in spans] == ["overlapped exchange"] * 3
+    assert all(isinstance(e["args"]["cpu_us"], int) and e["args"]["cpu_us"] >= 0 for e in spans)
+    assert len({e["tid"] for e in spans}) == 1
+    assert summarize(spans)["overlapped exchange"]["count"] == 3
+    assert "median_cpu_us" in summarize(spans)["overlapped exchange"]
