@@ -16,10 +16,10 @@ and prints the load average beside it: the quick check of the exchanges' CPU ove
 
 Performance model (all parameters measured in the same run, none fitted to the cells)::
 
-    step = C_m(w) + (N-1)·D·s + wire + hops·H                       (synchronous)
-    step = max(C_m(w) + (N-1)·D·s, wire + hops·H)                   (overlap)
+    step = C_m(w) + (N-1)·D·s + wire + hops·H + S_p(w)              (synchronous)
+    step = max(C_m(w) + (N-1)·D·s, wire + hops·H) + S_1(w)          (overlap)
     C_m(w) = C(w) + (T_m - T_0) · s
-    wire = k · B / R + B · ρ
+    wire = max(0, k·B - min(b, R·p·C_m(w)) / p) / R + B · ρ
     H = F(w) + L_rate - L_unlimited
 
 * ``C(w)``: compute-only step time with ``w`` workers per host, measured on the cluster by a
@@ -51,6 +51,13 @@ Performance model (all parameters measured in the same run, none fitted to the c
   its buffers, summing chunks, framing), from the same probe: 5 allreduces of a vector of the
   model's size at the unlimited rate, the slowest rank's median, less the hops' fixed cost
   and the bytes' time on the unlimited link, divided by the bytes a rank sent.
+* ``b``: the token bucket of the link's ``tc tbf`` (10 ms of its rate, at least 32 KiB;
+  :mod:`sparkdl.testing.netcluster`): it refills while the link idles, during the computing
+  part of the ``p`` steps between two collectives (``p = f`` for averaging, else 1), and
+  that many bytes then leave at full speed.
+* ``S_p(w)``: waiting for the slowest rank, which a fit with communication off does not
+  show: ``E[max over ranks of p steps] / p - E[step]``, drawn from each rank's step
+  durations in the compute-only fit's timeline (the ranks independent).
 * ``hops · H``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
   allgather, ``2(N-1)/f`` for averaging) times the fixed cost of one hop: ``F(w)``, the ring's
   own per-hop cost measured on the cluster by the barrier-stage probe (50 allgathers of 64
@@ -164,10 +171,12 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         codec = _measure_codec()
         overlap = overlap_supported()
         modes = MODES if overlap else tuple(m for m in MODES if m != "sharing_overlap")
-        cpu, cpu_ratios = measure_exchange_cpu(("compute", *modes))
+        cpu: dict[str, float] = {}  # the first block's "before" figures (reported)
+        cpu_ratios: dict[str, float] = {}
         cpu_by_wph: dict[int, dict[str, float]] = {}
         cells: dict[str, Cell] = {}
         compute: dict[int, list[float]] = {}
+        steps_of_ranks: dict[int, list[list[float]]] = {}
         uri = None
         probes: dict[int, list[dict[str, Any]]] = {}
         schedule = rate_schedule(rates, repeats)
@@ -177,8 +186,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 cluster.set_rate(None)
                 probes[wph] = shm_links(spark, wph * HOSTS)
                 # each mode's CPU work, measured around this block's cells (the same load)
-                before, _ = measure_exchange_cpu(("compute", *modes))
-                compute[wph] = _fit(spark, cluster, uri, "compute", wph, [None] * 3)["step_s"]
+                before, ratios = measure_exchange_cpu(("compute", *modes))
+                if not cpu:
+                    cpu, cpu_ratios = before, ratios
+                measured = _fit(spark, cluster, uri, "compute", wph, [None] * 3,
+                                timeline=f"file://{workdir}/timeline-compute-{wph}")
+                compute[wph] = measured["step_s"]
+                steps_of_ranks[wph] = rank_step_seconds(measured["timeline"])
                 print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
                       f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms", file=sys.stderr,
                       flush=True)
@@ -216,14 +230,19 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             share = max(1.0, wph * HOSTS / (os.cpu_count() or 1))
             mode_compute = compute_s[wph] + (cost[cell.mode] - cost["compute"]) * share
             link = links[_rate_name(cell.rate)]
+            period = AVERAGING_FREQUENCY if cell.mode == "averaging" else 1
             predict(cell, mode_compute, codec, link,
                     hop_s=hop_s[wph] + max(0.0, link["latency_s"] - unlimited["latency_s"]),
-                    ring_byte_s=byte_s[wph])
+                    ring_byte_s=byte_s[wph],
+                    jitter_s=straggler_seconds(steps_of_ranks[wph], period),
+                    bucket_bytes=bucket_bytes(cell.rate))
     figures = _figures(cells, compute_s, codec, links, repeats, schedule)
     figures["exchange_cpu_s"] = cpu
     figures["exchange_cpu_ratio"] = cpu_ratios
     figures["exchange_cpu_s_by_block"] = {f"{w}x{HOSTS}": c for w, c in cpu_by_wph.items()}
     figures["fixed_hop_s"] = {f"{w}x{HOSTS}": h for w, h in hop_s.items()}
+    figures["straggler_s"] = {f"{w}x{HOSTS}": straggler_seconds(r, 1)
+                              for w, r in steps_of_ranks.items()}
     figures["ring_seconds_per_byte"] = {f"{w}x{HOSTS}": b for w, b in byte_s.items()}
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
@@ -354,6 +373,7 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
             repeats=repeats, warmup=3)
         for exchange in exchanges.values():
             exchange.finish()
+            exchange.close()
     finally:
         comm.close()
     seconds = {mode: statistics.median(t) for mode, t in samples.items()}
@@ -486,9 +506,10 @@ def rate_schedule(rates: tuple[str | None, ...], repeats: int) -> list[str | Non
 
 
 def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
-         schedule: list[str | None]) -> dict[str, Any]:
+         schedule: list[str | None], timeline: str | None = None) -> dict[str, Any]:
     """One fit whose epoch ``e`` runs at link rate ``schedule[e]``: a driver callback changes
-    the rate at each epoch end, while every rank waits for the driver's answer."""
+    the rate at each epoch end, while every rank waits for the driver's answer. With
+    ``timeline`` (a URI) it records the ranks' timelines there."""
     import keras
 
     from sparkdl.config import ClusterConfig
@@ -505,7 +526,7 @@ def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
     cluster_config = ClusterConfig(topology="flat")
     fit = SparkModel(spark, _model(), _master(mode, workers), cluster=cluster_config).fit(
         uri, epochs=len(schedule), verbose=0, log_every_steps=10**6,
-        callbacks=[RateSchedule()])
+        callbacks=[RateSchedule()], **({"timeline": timeline} if timeline else {}))
     steps = fit.metrics["steps_per_epoch"]
     return {
         "step_s": [seconds / steps for seconds in fit.history["epoch_s"]],
@@ -513,6 +534,7 @@ def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
         "phases": fit.metrics["step_timings_s"],
         "sparsity": fit.metrics["step_stats"].get("sparsity"),
         "hosts": [a.rsplit(":", 1)[0] for a in fit.metrics["executor_addresses"]],
+        "timeline": list(fit.metrics.get("timeline") or []),
     }
 
 
@@ -606,6 +628,44 @@ def shm_between_hosts(links: list[dict[str, Any]]) -> bool:
                for i, link in enumerate(links))
 
 
+def rank_step_seconds(traces: list[str]) -> list[list[float]]:
+    """Each rank's step durations (s) after the first epoch (it traces), from its timeline."""
+    from sparkdl.benchmarks.timeline import load
+
+    per_rank = []
+    for trace in traces:
+        events, _ = load([trace.removeprefix("file://")])
+        per_rank.append([e["dur"] / 1e6 for e in events
+                         if e["name"] == "step" and e["args"]["epoch"] > 0])
+    return [steps for steps in per_rank if steps]
+
+
+def straggler_seconds(steps_of_ranks: list[list[float]], period: int = 1,
+                      samples: int = 4000) -> float:
+    """What waiting for the slowest rank adds per step when the ranks meet every ``period``
+    steps: ``E[max_r sum of period steps of r] / period - E[step]``, from each rank's own
+    step durations with communication off (drawn independently, seeded)."""
+    if len(steps_of_ranks) < 2:
+        return 0.0
+    rng = np.random.default_rng(0)
+    draws = np.stack([rng.choice(np.asarray(steps), (samples, period)).sum(axis=1)
+                      for steps in steps_of_ranks])
+    mean = float(np.mean([np.mean(steps) for steps in steps_of_ranks]))
+    return max(0.0, float(np.mean(draws.max(axis=0))) / period - mean)
+
+
+def bucket_bytes(rate: str | None) -> float:
+    """The token bucket of the harness's ``tc tbf`` at ``rate`` (bytes; 0 when unlimited):
+    bytes a link sends at full speed after it idled long enough to refill it."""
+    from sparkdl.testing.netcluster import _tbf, rate_bits_per_s
+
+    bits = rate_bits_per_s(rate)
+    if bits is None:
+        return 0.0
+    spec = _tbf(str(rate), bits)
+    return float(spec[spec.index("burst") + 1])
+
+
 # The model ------------------------------------------------------------------------------
 
 
@@ -635,27 +695,34 @@ def hops_per_step(mode: str, num_workers: int) -> float:
 
 def predict(cell: Cell, compute_s: float, codec: dict[str, float],
             link: dict[str, float], hop_s: float | None = None,
-            ring_byte_s: float = 0.0) -> None:
+            ring_byte_s: float = 0.0, jitter_s: float = 0.0, bucket_bytes: float = 0.0
+            ) -> None:
     """Fill ``cell.predicted_s`` and the model's terms (see the module docstring).
 
     ``compute_s`` is ``C_m(w)``: the cell's mode's CPU work per step (one rank's encode and
     decode included) at ``w`` workers per host. ``hop_s``: the fixed cost of one sequential
     hop of a collective (default: the link's one-way latency); ``ring_byte_s``: the ring's
-    own cost per byte sent beyond the wire (copies, sums)."""
+    own cost per byte sent beyond the wire (copies, sums); ``jitter_s``: what waiting for the
+    slowest rank adds per step (:func:`straggler_seconds`); ``bucket_bytes``: the link's token
+    bucket, refilled while the step computes and then sent at full speed."""
     workers = cell.workers_per_host * HOSTS
     share = max(1.0, workers / (os.cpu_count() or 1))
     sharing = cell.mode.startswith("sharing")
     decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
     bytes_per_step = statistics.median(cell.bytes_per_step)
-    wire = (ring_crossings(cell.hosts_of_ranks) * bytes_per_step / link["bytes_per_s"]
-            + bytes_per_step * ring_byte_s)
+    on_link = ring_crossings(cell.hosts_of_ranks) * bytes_per_step
+    # bytes the bucket lets through at full speed: what refilled while the link idled (the
+    # computing part of the steps between two collectives), at most the bucket
+    period = AVERAGING_FREQUENCY if cell.mode == "averaging" else 1
+    credit = min(bucket_bytes, link["bytes_per_s"] * period * compute_s) / period
+    wire = max(0.0, on_link - credit) / link["bytes_per_s"] + bytes_per_step * ring_byte_s
     latency = hops_per_step(cell.mode, workers) * (link["latency_s"] if hop_s is None else hop_s)
     if cell.mode == "sharing_overlap":
-        predicted = max(compute_s + decode, wire + latency)
+        predicted = max(compute_s + decode, wire + latency) + jitter_s
     else:
-        predicted = compute_s + decode + wire + latency
+        predicted = compute_s + decode + wire + latency + jitter_s
     cell.terms = {"compute_s": compute_s, "decode_others_s": decode, "wire_s": wire,
-                  "latency_s": latency, "cpu_share": share}
+                  "latency_s": latency, "straggler_s": jitter_s, "cpu_share": share}
     cell.predicted_s = predicted
 
 
@@ -740,7 +807,7 @@ def _print_cells(cells: dict[str, Cell], figures: dict[str, Any]) -> None:
                      f"{statistics.median(cell.bytes_per_step):.0f}",
                      f"C{t['compute_s'] * 1e3:.0f}+D{t['decode_others_s'] * 1e3:.1f}"
                      f"+W{t['wire_s'] * 1e3:.0f}"
-                     f"+L{t['latency_s'] * 1e3:.1f}"))
+                     f"+L{t['latency_s'] * 1e3:.1f}+S{t['straggler_s'] * 1e3:.1f}"))
     print_table(f"step time per cell (ms, medians of {figures['repeats']}), model terms in ms",
                 ["cell", "measured", "predicted", "error", "bytes/step", "model"], rows)
     for key in ("sharing_vs_dense_step_speedup_100mbit", "sharing_vs_compute_only_100mbit",

@@ -68,15 +68,20 @@ def summarize(events: list[dict[str, Any]], skip_epochs: int = 1) -> dict[str, d
     own = self_times(events)
     durations: dict[str, list[float]] = defaultdict(list)
     selfs: dict[str, list[float]] = defaultdict(list)
+    cpus: dict[str, list[float]] = defaultdict(list)
     for event, mine in zip(events, own):
         if event["ts"] < cut.get(event["pid"], -np.inf):
             continue
         durations[event["name"]].append(float(event["dur"]))
         selfs[event["name"]].append(mine)
+        if "cpu_us" in (event.get("args") or {}):
+            cpus[event["name"]].append(float(event["args"]["cpu_us"]))
     return {
         name: {"count": len(values), "median_us": statistics.median(values),
                "mean_us": statistics.fmean(values),
-               "median_self_us": statistics.median(selfs[name])}
+               "median_self_us": statistics.median(selfs[name]),
+               # the thread's CPU time in the span, where recorded (the overlap's thread)
+               **({"median_cpu_us": statistics.median(cpus[name])} if cpus[name] else {})}
         for name, values in sorted(durations.items(), key=lambda kv: -statistics.median(kv[1]))
     }
 
@@ -236,10 +241,12 @@ def record(out: Path, mode: str = "sharing", epochs: int = 2) -> list[str]:
 
 
 def _print_summary(summary: dict[str, dict[str, float]]) -> None:
-    print(f"{'span':<22}{'count':>7}{'median µs':>12}{'mean µs':>12}{'median self µs':>16}")
+    print(f"{'span':<22}{'count':>7}{'median µs':>12}{'mean µs':>12}{'median self µs':>16}"
+          f"{'median CPU µs':>15}")
     for name, row in summary.items():
+        cpu = f"{row['median_cpu_us']:>15.0f}" if "median_cpu_us" in row else f"{'':>15}"
         print(f"{name:<22}{row['count']:>7}{row['median_us']:>12.0f}{row['mean_us']:>12.0f}"
-              f"{row['median_self_us']:>16.0f}")
+              f"{row['median_self_us']:>16.0f}{cpu}")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -214,6 +214,12 @@ class UpdateExchange(abc.ABC):
         before every checkpoint (so it must be safe to call mid-training)."""
         self.drain()
 
+    def close(self) -> None:
+        """Stop the overlap's background thread (after the exchange in flight, which is not
+        applied: call :meth:`finish` first to keep it). Idempotent; no-op without overlap."""
+        if self._in_flight is not None:
+            self._in_flight.close()
+
     def evaluate_batch(self, x: np.ndarray, y: np.ndarray) -> float:
         """The loss of the current weights on a batch (inference mode); adds the batch to the
         compiled metrics."""

@@ -351,6 +351,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
             store.record_failure(str(exc))  # a retry would fail the same way: fail fast
         raise
     finally:
+        exchange.close()  # the overlap's thread, if any
         reader.close()
         for callback in callbacks:
             close = getattr(getattr(callback, "client", None), "close", None)

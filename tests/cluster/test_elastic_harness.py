@@ -9,16 +9,14 @@ still has 3 slots. Needs root (network namespaces); skipped elsewhere."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _submit_env import submit_env
 
-from sparkdl.testing.netcluster import NetCluster, NetClusterError, check_privileges, spark_submit
+from sparkdl.testing.netcluster import NetCluster, spark_submit
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")
@@ -27,20 +25,10 @@ HOSTS, CORES, WORKERS, EPOCHS = 2, 3, 4, 12
 # the cluster and the reference run count in the first test's time (~10 min when loaded)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-try:
-    check_privileges()
-    _SKIP = None
-except NetClusterError as exc:
-    _SKIP = str(exc)
-
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[NetCluster]:
-    if _SKIP:
-        pytest.skip(_SKIP)
-    state = tmp_path_factory.mktemp("netcluster")
-    with NetCluster(HOSTS, CORES, state_dir=state, name="sdle", subnet="10.77.11") as c:
-        yield c
+def cluster(netcluster) -> NetCluster:
+    return netcluster(HOSTS, CORES, name="sdle", subnet="10.77.11")
 
 
 def start(cluster: NetCluster, script: str, out: Path, data: Path, *sets: str) -> tuple:
@@ -55,11 +43,10 @@ def start(cluster: NetCluster, script: str, out: Path, data: Path, *sets: str) -
                # start once every executor registered: the fit counts the slots at once
                "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
                "--conf", f"spark.cores.max={HOSTS * CORES}", script, *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable}
     out.mkdir(parents=True)
     log = open(out / "log.txt", "w")  # noqa: SIM115 (closed by finish())
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(command, cwd=REPO, env=submit_env(), stdout=log,
+                            stderr=subprocess.STDOUT)
     return proc, out, log
 
 

@@ -7,19 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _submit_env import submit_env
 
-from sparkdl.testing.netcluster import (
-    NetCluster,
-    NetClusterError,
-    check_privileges,
-    spark_submit,
-)
+from sparkdl.testing.netcluster import NetCluster, spark_submit
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")
@@ -27,22 +21,11 @@ HOSTS, CORES, GPUS = 2, 2, 2
 
 pytestmark = pytest.mark.slow
 
-try:
-    check_privileges()
-    _SKIP = None
-except NetClusterError as exc:
-    _SKIP = str(exc)
-
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[NetCluster]:
-    if _SKIP:
-        pytest.skip(_SKIP)
-    state = tmp_path_factory.mktemp("netcluster")
-    # its own names and subnet, so that a cluster someone started with the CLI is left alone
-    with NetCluster(HOSTS, CORES, rate="100mbit", gpus_per_host=GPUS, state_dir=state,
-                    name="sdlt", subnet="10.77.9") as c:
-        yield c
+def cluster(netcluster) -> NetCluster:
+    return netcluster(HOSTS, CORES, rate="100mbit", gpus_per_host=GPUS, name="sdlt",
+                      subnet="10.77.9")
 
 
 def submit(cluster: NetCluster, script: str, args: list[str], tmp_path: Path,
@@ -54,10 +37,8 @@ def submit(cluster: NetCluster, script: str, args: list[str], tmp_path: Path,
                *cluster.submit_args(gpus_per_task=gpus_per_task)]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable}
-    return subprocess.run([*command, script, *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run([*command, script, *args], cwd=REPO, env=submit_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_harness_hosts_links_and_shm(cluster):

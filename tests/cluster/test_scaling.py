@@ -14,10 +14,12 @@ import pytest
 
 from sparkdl.benchmarks.scaling import (
     Cell,
+    bucket_bytes,
     predict,
     rate_schedule,
     ring_crossings,
     shm_between_hosts,
+    straggler_seconds,
 )
 from sparkdl.testing.netcluster import NetClusterError, check_privileges
 
@@ -95,3 +97,29 @@ def test_predict_adds_wire_time_of_the_busiest_host_link():
                    hosts_of_ranks=["a", "b"])
     predict(overlap, 0.05, codec, link)
     assert overlap.predicted_s == pytest.approx(0.05)  # the wire (11 ms) hides behind compute
+
+
+def test_predict_lets_the_token_bucket_refilled_while_computing_through_at_full_speed():
+    link = {"bytes_per_s": 1e6, "latency_s": 0.0}
+    codec = {"decode_s": 0.0, "encode_s": 0.0, "parameters": 1}
+    dense = Cell("100mbit", 1, "dense", step_s=[1.0], bytes_per_step=[2e5],
+                 hosts_of_ranks=["a", "b"])
+    predict(dense, 0.05, codec, link, bucket_bytes=1e5)  # refilled in 0.1 s: half of it
+    assert dense.predicted_s == pytest.approx(0.05 + (2e5 - 0.05 * 1e6) / 1e6)
+    predict(dense, 0.5, codec, link, bucket_bytes=1e5)  # full bucket
+    assert dense.predicted_s == pytest.approx(0.5 + 1e5 / 1e6)
+    averaging = Cell("100mbit", 1, "averaging", step_s=[1.0], bytes_per_step=[2e5],
+                     hosts_of_ranks=["a", "b"])  # every 5 steps: 5 steps refill the bucket
+    predict(averaging, 0.05, codec, link, bucket_bytes=1e5)
+    assert averaging.terms["wire_s"] == pytest.approx((2e5 - 1e5 / 5) / 1e6)
+    assert bucket_bytes(None) == 0 and bucket_bytes("100mbit") == 125_000
+    assert bucket_bytes("1mbit") == 32 * 1024
+
+
+def test_straggler_seconds_is_what_the_slowest_rank_adds():
+    assert straggler_seconds([[0.01] * 5, [0.01] * 5]) == 0.0  # no spread: nothing to wait
+    assert straggler_seconds([[0.01, 0.03]]) == 0.0  # one rank waits for nobody
+    # two ranks each 10 or 30 ms at random: the slower is 30 ms 3/4 of the time: 25 vs 20
+    assert straggler_seconds([[0.01, 0.03], [0.01, 0.03]]) == pytest.approx(0.005, abs=6e-4)
+    # meeting every 5 steps averages the spread out
+    assert straggler_seconds([[0.01, 0.03], [0.01, 0.03]], period=5) < 0.004

@@ -97,7 +97,7 @@ def test_spans_of_another_thread_carry_its_name(tmp_path: Path) -> None:
             with timeline.span("overlapped exchange"):
                 pass
 
-        for _ in range(2):  # one short-lived thread per job, as InFlightExchange runs them
+        for _ in range(2):  # two threads of one name (an idle InFlightExchange worker is replaced)
             worker = threading.Thread(target=job, name="sparkdl-overlap")
             worker.start()
             worker.join(10)
