@@ -79,6 +79,18 @@ class ClusterConfig(_Section):
         "of all ranks; 'auto': hierarchical when there are several hosts and one of them runs "
         "two ranks or more (tcp transport only; 'spark' is always flat)",
     )
+    task_cpus: int | None = Field(
+        default=None, ge=1,
+        description="CPU cores each training task asks for: with task_gpus, a ResourceProfile "
+        "on the training stage only (stage-level scheduling; not on a local[N] master); "
+        "unset: spark.task.cpus",
+    )
+    task_gpus: float | None = Field(
+        default=None, gt=0,
+        description="GPUs each training task asks for, on the training stage only (its "
+        "ResourceProfile), so that the ETL runs on CPU slots and the training on GPU slots; "
+        "unset: spark.task.resource.gpu.amount",
+    )
     spark_conf: dict[str, str] = Field(default_factory=dict)
     s3: S3Config = Field(default_factory=S3Config)
 
