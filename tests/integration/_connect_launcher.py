@@ -31,7 +31,7 @@ def main(train: str) -> None:
     out: dict[str, object] = {"connect": is_connect(spark)}
 
     keras.utils.set_random_seed(7)
-    model = mlp((64,), 10, hidden=(32,))
+    model = mlp((8, 8, 1), 10, hidden=(32,))
     model.compile(optimizer=keras.optimizers.Adam(0.002),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     fit = SparkModel(spark, model, SharedTrainingMaster(num_workers=2)).fit(
@@ -41,7 +41,7 @@ def main(train: str) -> None:
     out["checksums"] = [w.checksum for w in fit.workers]
     out["ranks"] = [w.rank for w in fit.workers]
 
-    broken = mlp((64,), 10, hidden=(8,))
+    broken = mlp((8, 8, 1), 10, hidden=(8,))
     broken.compile(optimizer=keras.optimizers.SGD(1e12), loss="sparse_categorical_crossentropy")
     try:
         SparkModel(spark, broken, DenseTrainingMaster(num_workers=2)).fit(train, epochs=2,
