@@ -27,6 +27,7 @@ def main(train: str) -> None:
     spark = (SparkSession.builder.remote("local[2]")
              .config("spark.connect.grpc.binding.port", "0")
              .config("spark.ui.enabled", "false")
+             .config("spark.stage.maxConsecutiveAttempts", "2")
              .config("spark.python.worker.reuse", "true").getOrCreate())
     out: dict[str, object] = {"connect": is_connect(spark)}
 
