@@ -8,7 +8,9 @@ is marked ``classic-only`` and comes from the classic session alone.
 from __future__ import annotations
 
 import logging
+import os
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -56,44 +58,58 @@ def task_cpus(spark: SparkSession) -> int:
 def total_cores(spark: SparkSession) -> int | None:
     """The executors' cores now: the classic session's ``defaultParallelism`` (which follows
     executors joining and leaving unless ``spark.default.parallelism`` is set); on Connect,
-    what the master and settings say (``local[N]``, ``local-cluster[N,C,M]``,
-    ``spark.executor.instances`` x ``spark.executor.cores``), ``None`` when they do not."""
+    what the master and settings say (:func:`cores_from_settings`)."""
     if not is_connect(spark):
         return int(spark.sparkContext.defaultParallelism)  # classic-only
-    fixed = conf_get(spark, "spark.default.parallelism")
-    if fixed:
-        return int(fixed)
-    name = master(spark)
-    local = _LOCAL.match(name)
-    if local:
-        import os
+    return cores_from_settings(master(spark), _settings(spark))
 
+
+def executor_count(spark: SparkSession) -> int | None:
+    """How many executors there are, from the master and settings; ``None`` when unknown."""
+    return executors_from_settings(master(spark), _settings(spark), total_cores(spark))
+
+
+_KEYS = ("spark.default.parallelism", "spark.executor.instances", "spark.executor.cores")
+
+
+def _settings(spark: SparkSession) -> dict[str, str]:
+    return {key: value for key in _KEYS if (value := conf_get(spark, key))}
+
+
+def cores_from_settings(master: str, settings: Mapping[str, str]) -> int | None:
+    """Executor cores as the master and settings state them: ``spark.default.parallelism``,
+    ``local[N]`` / ``local[*]``, ``local-cluster[N,C,M]``, ``spark.executor.instances`` x
+    ``spark.executor.cores``; ``None`` when they do not."""
+    if settings.get("spark.default.parallelism"):
+        return int(settings["spark.default.parallelism"])
+    local = _LOCAL.match(master)
+    if local:
         count = local.group(1)
         if count is None:
             return 1
         return (os.cpu_count() or 1) if count == "*" else int(count)
-    cluster = _LOCAL_CLUSTER.match(name)
+    cluster = _LOCAL_CLUSTER.match(master)
     if cluster:
         return int(cluster.group(1)) * int(cluster.group(2))
-    instances = conf_get(spark, "spark.executor.instances")
-    cores = conf_get(spark, "spark.executor.cores")
+    instances, cores = settings.get("spark.executor.instances"), settings.get(
+        "spark.executor.cores")
     if instances and cores:
         return int(instances) * int(cores)
     return None
 
 
-def executor_count(spark: SparkSession) -> int | None:
-    """How many executors there are, from the master and settings; ``None`` when unknown."""
-    name = master(spark)
-    if _LOCAL.match(name):
+def executors_from_settings(master: str, settings: Mapping[str, str],
+                            cores: int | None) -> int | None:
+    """How many executors the master and settings state (``cores``: the executors' cores
+    in all, divided by ``spark.executor.cores`` as the last resort)."""
+    if _LOCAL.match(master):
         return 1
-    cluster = _LOCAL_CLUSTER.match(name)
+    cluster = _LOCAL_CLUSTER.match(master)
     if cluster:
         return int(cluster.group(1))
-    instances = conf_get(spark, "spark.executor.instances")
-    if instances:
-        return int(instances)
-    cores, total = conf_get(spark, "spark.executor.cores"), total_cores(spark)
-    if cores and total:
-        return max(1, total // int(cores))
+    if settings.get("spark.executor.instances"):
+        return int(settings["spark.executor.instances"])
+    per_executor = settings.get("spark.executor.cores")
+    if per_executor and cores:
+        return max(1, cores // int(per_executor))
     return None
