@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sparkdl.data.files import WEIGHT
 from sparkdl.data.spark_errors import spark_data_errors
 from sparkdl.data.writer import write_shards
 from sparkdl.errors import ConfigurationError, DataError
@@ -129,7 +130,7 @@ def _write_splits(output_dir: str, splits: dict[str, DataFrame], *, pipeline: st
                 num_workers=num_workers, rows_per_group=rows_per_group, normalizer=config,
                 transform=transform,
                 extra={"pipeline": pipeline, **(extra or {}), "split": split},
-                overwrite=overwrite, seed=seed,
+                overwrite=overwrite, seed=seed, sample_weight=WEIGHT in df.columns,
             )
         except DataError as exc:
             _remove(written)  # no train split without its test split

@@ -54,6 +54,7 @@ def run(
     analysis: bool = False,
     overwrite: bool = False,
     pipeline: str = "csv",
+    sample_weight_column: str | None = None,
     **unknown: Any,
 ) -> dict[str, Any]:
     """Write ``<output_dir>/train`` and ``<output_dir>/test`` shards from CSV records."""
@@ -81,6 +82,8 @@ def run(
         raise ConfigurationError(str(exc)) from None
     if tp.assemble is None:
         raise ConfigurationError("data.options.transform: the last step must be 'assemble'")
+    if sample_weight_column is not None:  # data.sample_weight_column: the rows' weights
+        tp.assemble.weight = sample_weight_column
     try:
         raw = read_csv(spark, path, columns=columns, header=header, delimiter=delimiter,
                        quote=quote)

@@ -79,6 +79,13 @@ class ClusterConfig(_Section):
         "of all ranks; 'auto': hierarchical when there are several hosts and one of them runs "
         "two ranks or more (tcp transport only; 'spark' is always flat)",
     )
+    mesh: Literal["plain", "mesh", "auto"] = Field(
+        default="plain",
+        description="DL4J's meshBuildMode: 'plain' one ring of direct connections (N-1 hops "
+        "per small collective); 'mesh' log-depth collectives over extra links (Bruck "
+        "allgather, tree broadcast, halving-doubling allreduce: log2 N steps); 'auto' the "
+        "log-depth ones for small messages at 4 ranks or more (tcp transport only)",
+    )
     task_cpus: int | None = Field(
         default=None, ge=1,
         description="CPU cores each training task asks for: with task_gpus, a ResourceProfile "
@@ -110,6 +117,11 @@ class DataConfig(_Section):
     dir: str = "runs/digits/data"
     options: dict[str, Any] = Field(default_factory=dict)
     overwrite: bool = True
+    sample_weight_column: str | None = Field(
+        default=None, min_length=1,
+        description="csv pipeline: the column written as the shards' per-row sample weights "
+        "(Keras's sample_weight); the loss and compiled metrics are weighted by it",
+    )
 
 
 class OptimizerConfig(_Section):
@@ -234,6 +246,21 @@ class TrainingConfig(_Section):
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
+    shuffle: Literal["global", "window", "none"] = Field(
+        default="global",
+        description="'global': a new seeded assignment of row groups to workers every epoch "
+        "plus the in-worker window; 'window': the in-worker window only; 'none': file order",
+    )
+    accumulate_steps: int = Field(
+        default=1, ge=1,
+        description="mode dense: exchange once every k steps (micro-batches), the mean of "
+        "their gradients (Horovod's backward_passes_per_step)",
+    )
+    class_weight: dict[int, float] | None = Field(
+        default=None,
+        description="Keras's class_weight: {class index: weight}, each training row's loss "
+        "and metrics weighted by its class's weight (classes not named: 1)",
+    )
     timeline: str | None = Field(
         default=None, min_length=1,
         description="a directory URI: every worker writes a Chrome trace (chrome://tracing, "
@@ -246,6 +273,12 @@ class TrainingConfig(_Section):
             raise ValueError(
                 "overlap: true applies to mode 'sharing' or 'dense', not 'averaging'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _accumulate_mode(self) -> TrainingConfig:
+        if self.accumulate_steps > 1 and self.mode in ("sharing", "averaging"):
+            raise ValueError(f"accumulate_steps applies to mode 'dense', not {self.mode!r}")
         return self
 
     @model_validator(mode="after")

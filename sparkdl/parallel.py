@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparkdl.comm import create_communicator
+from sparkdl.comm import MESH_MODES, create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.gpu import pin_gpus, round_robin
@@ -40,10 +40,12 @@ class ParallelWrapper(KerasFit):
         wire_integrity: str = "none",
         gpus_per_worker: int = 0,
         devices: Sequence[str] | None = None,
+        mesh: str = "plain",
     ) -> None:
         """``gpus_per_worker`` > 0 pins each worker process to that many of ``devices`` (GPU ids;
         default: this process's ``CUDA_VISIBLE_DEVICES``), taken round-robin by rank, before
-        TensorFlow loads in it."""
+        TensorFlow loads in it. ``mesh``: the collectives, as ``cluster.mesh``
+        (``plain | mesh | auto``)."""
         if transport not in ("tcp", "spark"):
             raise ConfigurationError(f"transport must be 'tcp' or 'spark', got {transport!r}")
         self.model = model
@@ -53,6 +55,11 @@ class ParallelWrapper(KerasFit):
         self.threads_per_worker = int(threads_per_worker)
         self.custom_objects = custom_objects
         self.wire_integrity = wire_integrity
+        if mesh not in MESH_MODES:
+            raise ConfigurationError(f"mesh: expected one of {list(MESH_MODES)}, got {mesh!r}")
+        if mesh == "mesh" and transport != "tcp":
+            raise ConfigurationError(f"mesh 'mesh' needs transport 'tcp', not {transport!r}")
+        self.mesh = mesh
         if devices is None and gpus_per_worker > 0:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
             devices = [d for d in visible.split(",") if d.strip()] if visible else None
@@ -107,7 +114,7 @@ class _ProcessLauncher:
                     target=_worker_process,
                     args=(spec, rank, world, server.address, secret, wrapper.transport,
                           wrapper.timeout_s, results_queue, wrapper.wire_integrity,
-                          wrapper.worker_gpus(rank)),
+                          wrapper.worker_gpus(rank), wrapper.mesh),
                     daemon=True,
                 )
                 for rank in range(world)
@@ -161,6 +168,7 @@ def _worker_process(
     results_queue: Any,
     wire_integrity: str = "none",
     gpus: list[str] | None = None,
+    mesh: str = "plain",
 ) -> None:
     try:
         pin_gpus(gpus, role="parallel")  # before anything imports TensorFlow
@@ -171,7 +179,7 @@ def _worker_process(
                                       timeout_s=timeout_s)
             return create_communicator(
                 transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s,
-                wire_integrity=wire_integrity,
+                wire_integrity=wire_integrity, mesh=mesh,
             )
 
         result = run_task(spec, communicator, secret=secret, gpus=gpus)

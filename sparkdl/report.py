@@ -47,6 +47,7 @@ FIGURES = (
     *PHASES,
     "epoch_s",
     "workers",
+    "rows_dropped",
 )
 
 # Headline rows of the report's table: (key in metrics.json, label).
@@ -56,6 +57,7 @@ _HEADLINE = (
     ("batch_size_per_worker", "batch size per worker"),
     ("epochs", "epochs"),
     ("steps", "steps"),
+    ("rows_dropped_per_epoch", "rows dropped per epoch"),
     ("samples_per_second", "samples/s (whole fit)"),
     ("steady_samples_per_second", "samples/s (after epoch 1)"),
     ("bytes_per_step", "bytes sent per step"),

@@ -95,6 +95,7 @@ class SparkModel(KerasFit):
         store: str | None = None,
         keep_shards: bool = False,
         validation_data: str | DataFrame | None = None,
+        sample_weight_col: str | None = None,
         **kwargs: Any,
     ) -> FitResult:
         """Train on a shard directory URI or a DataFrame, as Keras's ``Model.fit`` does.
@@ -110,8 +111,10 @@ class SparkModel(KerasFit):
         it exits unless ``keep_shards=True``. ``features_col`` names a Spark ML
         vector column, an ``array<numeric>`` column or numeric column(s); ``label_kind``
         (``"class"`` / ``"regression"``) overrides the inferred kind (see
-        :mod:`sparkdl.data.frames`). ``validation_data`` may be a DataFrame too. The other
-        arguments are :meth:`KerasFit.fit`'s.
+        :mod:`sparkdl.data.frames`). ``validation_data`` may be a DataFrame too.
+        ``sample_weight_col`` names a numeric column of per-row sample weights (Keras's
+        ``sample_weight``, Horovod's ``sample_weight_col``), of the training DataFrame and of a
+        validation DataFrame. The other arguments are :meth:`KerasFit.fit`'s.
         """
         if self.elastic is not None and not kwargs.get("checkpoint_dir"):
             raise ConfigurationError(
@@ -120,7 +123,8 @@ class SparkModel(KerasFit):
             )
         if _is_dataframe(data):
             self.label_spec = None
-            data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards)
+            data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards,
+                                   weight_col=sample_weight_col)
         elif isinstance(data, str):
             meta = read_metadata(data)
             from sparkdl.data.frames import LabelSpec
@@ -134,13 +138,14 @@ class SparkModel(KerasFit):
         if _is_dataframe(validation_data):
             validation_data = self._shards_of(
                 validation_data, features_col, label_col, label_kind, store, keep_shards,
-                what="fit(validation_data)",
+                what="fit(validation_data)", weight_col=sample_weight_col,
             )
         return super().fit(data, epochs, validation_data=validation_data, **kwargs)
 
     def _shards_of(
         self, df: DataFrame, features_col: FeaturesCol, label_col: str,
         label_kind: str | None, store: str | None, keep_shards: bool, *, what: str = "fit()",
+        weight_col: str | None = None,
     ) -> str:
         """Shards of ``df`` in the run store, written if the store has none for it yet; a
         failure while Spark computes ``df`` is one :class:`DataError` naming ``what``."""
@@ -148,11 +153,12 @@ class SparkModel(KerasFit):
 
         with dataframe_errors(what):
             return self._write_shards_of(df, features_col, label_col, label_kind, store,
-                                         keep_shards)
+                                         keep_shards, weight_col)
 
     def _write_shards_of(
         self, df: DataFrame, features_col: FeaturesCol, label_col: str,
         label_kind: str | None, store: str | None, keep_shards: bool,
+        weight_col: str | None = None,
     ) -> str:
         from sparkdl.data.frames import label_spec, model_feature_shape, training_frame
         from sparkdl.data.store import fingerprint, open_store
@@ -164,16 +170,17 @@ class SparkModel(KerasFit):
         fitted = self.label_spec
         spec = label_spec(df, label_col, self.model, label_kind or (fitted and fitted.kind),
                           fitted.classes if fitted and fitted.kind == "class" else None)
-        frame = training_frame(df, features_col, label_col, spec)
+        frame = training_frame(df, features_col, label_col, spec, weight_col)
         feature_shape = model_feature_shape(self.model)
         num_workers = self.training_master.num_workers
         options = {"label": spec.get_config(), "feature_shape": feature_shape,
-                   "num_workers": num_workers}
+                   "num_workers": num_workers, "sample_weight": weight_col is not None}
         uri = run_store.shards(
             fingerprint(frame, options),
             lambda target: write_shards(
                 frame, target, feature_shape=feature_shape, label_kind=spec.kind,
                 classes=spec.classes, num_workers=num_workers,
+                sample_weight=weight_col is not None,
             ),
         )
         self.label_spec = self.label_spec or spec
@@ -227,6 +234,9 @@ class SparkModel(KerasFit):
                 outputs, a dict of such lists by output name (a missing output gets its
                 default); the result is then a dict by output name.
             features_col, label_col: the DataFrame's columns (as in :meth:`fit`).
+
+        Every row counts once: the DL4J-style evaluations take no sample weights (a weighted
+        loss and weighted compiled metrics come from ``fit(validation_data=...)``).
         """
         from sparkdl.training.serialization import model_to_bytes
 
@@ -258,7 +268,7 @@ class SparkModel(KerasFit):
                      for key, values in templates.items()}
             if paths:
                 model = _load_task_model(model_broadcast.value, custom_objects, threads)
-                for x, y in iter_batches(data_uri, paths, batch_size):
+                for x, y, *_ in iter_batches(data_uri, paths, batch_size):  # rows unweighted
                     outputs = by_output(model, model.predict_on_batch(x), y)
                     for key, values in parts.items():
                         for evaluation in values:

@@ -72,8 +72,20 @@ def run_etl(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     from pipelines import get_pipeline
 
     pipeline = get_pipeline(config.data.pipeline)
+    options = dict(config.data.options)
+    if config.data.sample_weight_column is not None:
+        import inspect
+
+        from sparkdl.errors import ConfigurationError
+
+        if "sample_weight_column" not in inspect.signature(pipeline).parameters:
+            raise ConfigurationError(
+                f"data.sample_weight_column: the {config.data.pipeline} pipeline writes no "
+                "sample weights (the csv pipeline does)"
+            )
+        options["sample_weight_column"] = config.data.sample_weight_column
     result = pipeline(
-        spark, as_uri(config.data.dir), overwrite=config.data.overwrite, **config.data.options
+        spark, as_uri(config.data.dir), overwrite=config.data.overwrite, **options
     )
     log.info("etl: wrote %s", result)
     return result
@@ -145,6 +157,9 @@ def _train(
         prefetch=training.prefetch,
         decode_threads=training.decode_threads,
         timeline=as_uri(training.timeline) if training.timeline else None,
+        class_weight=training.class_weight,
+        accumulate_steps=training.accumulate_steps,
+        shuffle=training.shuffle,
     )
     new = out.staging  # nothing in output.dir changes until the whole unit is ready
     spark_model.model.save(new / MODEL_FILE)

@@ -40,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cpu-only", action="store_true",
                         help="scaling: only the in-process CPU work per mode (exchange_cpu_s "
                         "and its ratio to the plain step), no cluster")
+    parser.add_argument("--mesh", action="store_true",
+                        help="collectives: ring vs log-depth (cluster.mesh) collectives, one "
+                        "rank per host of the network-namespace harness at 100 Mbit/s and "
+                        "1 Gbit/s, 2 to 16 ranks (needs root)")
     args = parser.parse_args(argv)
     try:
         module = import_module(SUITES[args.suite])
@@ -48,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.time()
     options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats,
-               "cpu_only": args.cpu_only or None}
+               "cpu_only": args.cpu_only or None, "mesh": args.mesh or None}
     figures = module.run({key: value for key, value in options.items() if value is not None})
     figures = {
         "suite": args.suite,

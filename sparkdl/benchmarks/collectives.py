@@ -232,7 +232,12 @@ def _free_ports(n: int) -> list[int]:
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    """Run the collectives benchmark; ``options["quick"]`` shortens it."""
+    """Run the collectives benchmark; ``options["quick"]`` shortens it; ``options["mesh"]``
+    runs the ring-vs-mesh grid across hosts instead (:mod:`sparkdl.benchmarks.mesh`)."""
+    if options.get("mesh"):
+        from sparkdl.benchmarks.mesh import run as run_mesh
+
+        return run_mesh(options)
     from sparkdl.comm import TcpStoreServer
 
     quick = bool(options.get("quick", False))

@@ -14,6 +14,7 @@ from sparkdl.comm.hierarchical import (
     connect_hierarchical,
     wants_hierarchy,
 )
+from sparkdl.comm.mesh import MESH_MODES, MeshCommunicator, connect_mesh
 from sparkdl.comm.network import local_addresses, parse_port_range, select_bind_address
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.comm.rpc import AllGatherCommunicator
@@ -23,15 +24,18 @@ from sparkdl.errors import ConfigurationError
 TRANSPORTS = ("tcp", "spark")
 
 __all__ = [
+    "MESH_MODES",
     "TOPOLOGIES",
     "TRANSPORTS",
     "AllGatherCommunicator",
     "Communicator",
     "HierarchicalCommunicator",
+    "MeshCommunicator",
     "TcpRingCommunicator",
     "TcpStoreServer",
     "TrafficCounters",
     "connect_hierarchical",
+    "connect_mesh",
     "connect_ring",
     "create_communicator",
     "local_addresses",
@@ -55,6 +59,7 @@ def create_communicator(
     wire_integrity: str = "none",
     topology: str = "flat",
     host_id: str | None = None,
+    mesh: str = "plain",
 ) -> Communicator:
     """Build the communicator for ``transport``: ``"tcp"`` (direct ring between workers,
     addresses exchanged through ``exchange``) or ``"spark"`` (everything through
@@ -67,7 +72,15 @@ def create_communicator(
     when there is more than one host and some host runs two ranks or more. A rank's host is
     ``host_id`` (default: its bind address, e.g. the executor's host address); learning the
     hosts takes one more round of ``exchange`` unless the topology is flat.
+
+    ``mesh`` (``cluster.mesh``, TCP only; DL4J's ``MeshBuildMode``): ``"plain"`` the ring;
+    ``"mesh"`` log-depth allgather, broadcast and allreduce over extra links
+    (:mod:`sparkdl.comm.mesh`, their ports sent with the ring's address); ``"auto"`` those for
+    small messages at four ranks or more, the ring otherwise. With a hierarchical topology it
+    applies to each ring (per host and the leaders').
     """
+    if mesh not in MESH_MODES:
+        raise ConfigurationError(f"mesh: expected one of {list(MESH_MODES)}, got {mesh!r}")
     if topology not in TOPOLOGIES:
         raise ConfigurationError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
     if transport == "tcp":
@@ -75,7 +88,7 @@ def create_communicator(
         ports = parse_port_range(port_range) if isinstance(port_range, str) else port_range
 
         def ring(r: int, size: int, ring_exchange: Callable[[str], list[str]]) -> Communicator:
-            return connect_ring(
+            return connect_mesh(
                 r,
                 size,
                 ring_exchange,
@@ -84,6 +97,7 @@ def create_communicator(
                 bind_host=host,
                 port_range=ports,
                 wire_integrity=wire_integrity,
+                mode=mesh,
             )
 
         if topology == "flat" or world_size == 1:
@@ -96,6 +110,11 @@ def create_communicator(
         raise ConfigurationError(
             f"topology 'hierarchical' needs transport 'tcp', not {transport!r} (every message "
             "already goes through Spark's driver)"
+        )
+    if mesh == "mesh":
+        raise ConfigurationError(
+            f"mesh 'mesh' needs transport 'tcp', not {transport!r} (every message already goes "
+            "through Spark's driver)"
         )
     if transport == "spark":
         return AllGatherCommunicator(

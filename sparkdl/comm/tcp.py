@@ -61,7 +61,17 @@ _OP_ALLREDUCE_F32 = 1
 _OP_ALLREDUCE_F64 = 2
 _OP_ALLGATHER = 3
 _OP_BROADCAST = 4
-_OP_NAMES = {1: "allreduce(float32)", 2: "allreduce(float64)", 3: "allgather", 4: "broadcast"}
+_OP_NAMES = {
+    1: "allreduce(float32)",
+    2: "allreduce(float64)",
+    3: "allgather",
+    4: "broadcast",
+    # The log-depth collectives of :mod:`sparkdl.comm.mesh`, over links of this class.
+    5: "mesh allgather",
+    6: "mesh broadcast",
+    7: "mesh allreduce(float32)",
+    8: "mesh allreduce(float64)",
+}
 _DTYPE_OPS = {np.dtype(np.float32): _OP_ALLREDUCE_F32, np.dtype(np.float64): _OP_ALLREDUCE_F64}
 _SHM_FLAG = 0x80  # in a header's op: the payload follows as shared-memory notices
 _NOTE = struct.Struct("<BBHI")  # magic, 0, slot number (low 16 bits), payload bytes in the slot
@@ -510,11 +520,60 @@ class TcpRingCommunicator(Communicator):
         return _Out() if self._tx_mac is None else _MacOut(self._tx_mac)
 
     def _pump(
-        self, opname: str, op: int, seq: int, sendq: _Out, steps: list[_RecvStep]
+        self,
+        opname: str,
+        op: int,
+        seq: int,
+        sendq: _Out,
+        steps: list[_RecvStep],
+        deadline: float | None = None,
     ) -> None:
         """Send everything in ``sendq`` (which callbacks may extend) to the next rank while
-        receiving ``steps`` from the previous one, all within ``timeout_s``."""
-        _Pump(self, opname, op, seq, sendq, steps).run()
+        receiving ``steps`` from the previous one, all within ``timeout_s`` (or by
+        ``deadline``, a ``time.monotonic()`` value)."""
+        _Pump(self, opname, op, seq, sendq, steps, deadline).run()
+
+    def _exchange(
+        self,
+        op: int,
+        step: int,
+        seq: int,
+        send: memoryview | None,
+        receive: bool,
+        length: int | None,
+        deadline: float,
+    ) -> bytes | bytearray | memoryview | None:
+        """One step of a collective that the caller sequences (:mod:`sparkdl.comm.mesh`):
+        send one frame ``(op, step, seq)`` to the next rank if ``send`` is given while
+        receiving one such frame from the previous rank if ``receive``, of ``length`` bytes
+        (``None``: any length, received into a buffer that grows as bytes arrive). Returns the
+        received payload (or ``None``). The same frame checks, MACs and failure handling as
+        the ring's own collectives; the caller's ``seq`` replaces the ring's counter."""
+        if self._closed:
+            raise CommunicationError(f"rank {self.rank}: communicator is closed")
+        if self._broken is not None:
+            raise CommunicationError(
+                f"rank {self.rank}: communicator unusable after an earlier failure: {self._broken}"
+            )
+        sendq = self._out()
+        if send is not None:
+            self._send_frame(sendq, op, step, seq, send)
+        result: list[bytes | bytearray | memoryview | None] = [None]
+        steps = []
+        if receive:
+            if length is None:
+
+                def store(buf: bytearray) -> None:
+                    result[0] = buf
+
+                steps.append(_RecvStep(step, None, None, store=store))
+                result[0] = b""  # an empty payload never reaches store()
+            else:
+                body = memoryview(bytearray(length))
+                result[0] = body
+                steps.append(_RecvStep(step, length, lambda _n: body))
+        self._pump(_OP_NAMES[op], op, seq, sendq, steps, deadline)
+        return result[0]
 
     def _begin(self) -> int:
         if self._closed:
@@ -725,6 +784,7 @@ class _Pump:
         seq: int,
         sendq: _Out,
         steps: list[_RecvStep],
+        deadline: float | None = None,
     ) -> None:
         assert comm._prev is not None and comm._next is not None
         self.comm = comm
@@ -734,7 +794,7 @@ class _Pump:
         self.sendq = sendq
         self.steps = steps
         self.nsteps = len(steps)
-        self.deadline = time.monotonic() + comm.timeout_s
+        self.deadline = time.monotonic() + comm.timeout_s if deadline is None else deadline
         self.mac = comm._rx_mac
         # Header and payload in one recvmsg: only when the payload needs no other handling.
         self.direct = comm._rx is None and self.mac is None
@@ -1162,6 +1222,7 @@ def _connect(
     secret: bytes,
     deadline: float,
     shared_memory: bool = False,
+    ctx: bytes | None = None,
 ) -> tuple[socket.socket, _shm.ShmLink | None, int, int, _auth.Session]:
     """Connect to and authenticate with the next rank, then negotiate shared memory; returns
     (socket, link or None, negotiation bytes sent, received, session). A connection that is
@@ -1199,8 +1260,8 @@ def _connect(
             delay = min(2 * delay, 0.5)
             continue
         try:
-            ctx = _RING_CTX + str(peer_rank).encode()
-            session = _auth.authenticate_connector(sock, secret, ctx, rank, world, deadline)
+            context = ctx if ctx is not None else _RING_CTX + str(peer_rank).encode()
+            session = _auth.authenticate_connector(sock, secret, context, rank, world, deadline)
             link, sent, received = _shm.negotiate_connector(
                 sock, shared_memory, SHM_SLOTS, SHM_SLOT_BYTES, deadline
             )

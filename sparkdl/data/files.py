@@ -15,6 +15,7 @@ from sparkdl.errors import DataError
 
 FEATURES = "features"
 LABEL = "label"
+WEIGHT = "sample_weight"  # the sample-weight column of weighted shards written by sparkdl
 
 
 def read_metadata(uri: str, *, verify: bool = True) -> ShardMetadata:
@@ -74,6 +75,14 @@ def _is_float_list(t: pa.DataType) -> bool:
 
 
 def validate_schema(schema: pa.Schema, metadata: ShardMetadata, source: str) -> None:
+    weight = metadata.weight_column
+    if weight is not None:
+        if schema.get_field_index(weight) < 0:
+            raise DataError(f"{source}: missing sample-weight column {weight!r} (columns: "
+                            f"{', '.join(schema.names)})")
+        if not pa.types.is_floating(schema.field(weight).type):
+            raise DataError(f"{source}: column {weight!r} must be float sample weights, got "
+                            f"{schema.field(weight).type}")
     if metadata.multi:
         _validate_multi_schema(schema, metadata, source)
         return
@@ -156,7 +165,7 @@ class ShardFileHandle:
         self.starts = np.concatenate([[0], np.cumsum(groups)]).astype(np.int64).tolist()
         self.metadata = metadata
 
-    def read_group(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def read_group(self, index: int) -> tuple[np.ndarray, ...]:
         try:
             table = self._file.read_row_group(
                 index, columns=self.metadata.columns, use_threads=False  # decoded in parallel
@@ -169,7 +178,7 @@ class ShardFileHandle:
         return _convert(table, self.metadata, self.source, self.starts[index],
                         check=self.check_values)
 
-    def read_all(self) -> tuple[np.ndarray, np.ndarray]:
+    def read_all(self) -> tuple[np.ndarray, ...]:
         try:
             table = self._file.read(columns=self.metadata.columns)
         except (OSError, pa.ArrowException) as exc:
@@ -211,9 +220,31 @@ def verify_files(uri: str, metadata: ShardMetadata) -> None:
 
 def _convert(
     table: pa.Table, metadata: ShardMetadata, source: str, first_row: int, *, check: bool = True
+) -> tuple[np.ndarray, ...]:
+    """A row group's ``(x, y)``, plus its sample weights when the shards are weighted."""
+    xy = (_convert_multi(table, metadata, source, first_row, check=check) if metadata.multi
+          else _convert_single(table, metadata, source, first_row, check=check))
+    if metadata.weight_column is None:
+        return xy
+    return (*xy, _weights(table, metadata.weight_column, source, first_row))
+
+
+def _weights(table: pa.Table, name: str, source: str, first_row: int) -> np.ndarray:
+    """The sample-weight column as float32; null, negative or non-finite weights name a row."""
+    column = table.column(name)
+    if column.null_count:
+        raise DataError(f"{source}: column {name!r} has {column.null_count} null values")
+    w = column.to_numpy().astype(np.float32, copy=False)
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if bad.size:
+        raise DataError(f"{source}: column {name!r} row {first_row + int(bad[0])} holds "
+                        f"{w[bad[0]]}: sample weights must be finite and >= 0")
+    return w
+
+
+def _convert_single(
+    table: pa.Table, metadata: ShardMetadata, source: str, first_row: int, *, check: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    if metadata.multi:
-        return _convert_multi(table, metadata, source, first_row, check=check)
     x = _list_to_numpy(
         table.column(FEATURES), metadata.feature_size,
         name=FEATURES, source=source, first_row=first_row,
@@ -301,8 +332,8 @@ def _check_finite(a: np.ndarray, name: str, source: str, first_row: int) -> None
         )
 
 
-def empty_arrays(metadata: ShardMetadata) -> tuple[np.ndarray, np.ndarray]:
+def empty_arrays(metadata: ShardMetadata) -> tuple[np.ndarray, ...]:
     x = np.empty((0, *metadata.feature_shape), np.float32)
-    if metadata.label_kind == "class":
-        return x, np.empty((0,), np.int64)
-    return x, np.empty((0, *metadata.label_shape), np.float32)
+    y = (np.empty((0,), np.int64) if metadata.label_kind == "class"
+         else np.empty((0, *metadata.label_shape), np.float32))
+    return (x, y) if metadata.weight_column is None else (x, y, np.empty((0,), np.float32))

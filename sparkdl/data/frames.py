@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparkdl.data.files import FEATURES, LABEL
+from sparkdl.data.files import FEATURES, LABEL, WEIGHT
 from sparkdl.errors import ConfigurationError, DataError
 
 if TYPE_CHECKING:
@@ -168,11 +168,21 @@ def label_column(label_col: str, spec: LabelSpec) -> Column:
 
 
 def training_frame(
-    df: DataFrame, features_col: FeaturesCol, label_col: str, spec: LabelSpec
+    df: DataFrame, features_col: FeaturesCol, label_col: str, spec: LabelSpec,
+    weight_col: str | None = None,
 ) -> DataFrame:
-    """``df`` reduced to the writer's ``features`` (array<float>) and ``label`` columns."""
-    return df.select(features_column(df, features_col).alias(FEATURES),
-                     label_column(label_col, spec).alias(LABEL))
+    """``df`` reduced to the writer's ``features`` (array<float>) and ``label`` columns, plus
+    ``sample_weight`` (the column ``weight_col``) when given."""
+    from pyspark.sql import functions as F
+
+    columns = [features_column(df, features_col).alias(FEATURES),
+               label_column(label_col, spec).alias(LABEL)]
+    if weight_col is not None:
+        if weight_col not in df.columns:
+            raise DataError(f"sample_weight_col {weight_col!r} is not a column of the "
+                            f"DataFrame (columns: {', '.join(df.columns)})")
+        columns.append(F.col(weight_col).alias(WEIGHT))
+    return df.select(*columns)
 
 
 __all__ = [

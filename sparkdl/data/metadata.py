@@ -13,6 +13,10 @@ concatenated in order as ``feature_shape``; all outputs' values as a ``regressio
 ``label_shape``), and readers yield dicts keyed by input and output names. Version 1 files
 are still read.
 
+``weight_column`` (optional) names a ``float32`` Parquet column of per-row sample weights
+(Keras's ``sample_weight``, Horovod's ``sample_weight_col``); readers then yield
+``(x, y, sample_weight)``.
+
 This module runs inside training workers: it imports pyarrow only, never Spark or TensorFlow.
 """
 
@@ -106,6 +110,7 @@ class ShardMetadata:
     extra: dict[str, Any] = field(default_factory=dict)
     inputs: list[TensorSpec] = field(default_factory=list)
     outputs: list[TensorSpec] = field(default_factory=list)
+    weight_column: str | None = None
 
     @property
     def multi(self) -> bool:
@@ -115,16 +120,17 @@ class ShardMetadata:
     @property
     def columns(self) -> list[str]:
         """The Parquet columns a reader reads, in packing order."""
-        if self.multi:
-            return [t.name for t in (*self.inputs, *self.outputs)]
-        return ["features", "label"]
+        names = ([t.name for t in (*self.inputs, *self.outputs)] if self.multi
+                 else ["features", "label"])
+        return [*names, self.weight_column] if self.weight_column else names
 
-    def unpack(self, x: Any, y: Any) -> tuple[Any, Any]:
+    def unpack(self, x: Any, y: Any, *weight: Any) -> tuple[Any, ...]:
         """A batch as the model takes it: packed rows of multi shards split into dicts keyed
-        by input and output names (class outputs as ``int64``); single shards unchanged."""
+        by input and output names (class outputs as ``int64``); single shards unchanged. The
+        sample weights (weighted shards) follow unchanged."""
         if not self.multi:
-            return x, y
-        return _split(x, self.inputs), _split(y, self.outputs)
+            return (x, y, *weight)
+        return (_split(x, self.inputs), _split(y, self.outputs), *weight)
 
     @property
     def num_classes(self) -> int:
@@ -204,6 +210,8 @@ class ShardMetadata:
                         for t in data.get("inputs") or []],
                 outputs=[TensorSpec.from_dict(t, f"{source}: outputs")
                          for t in data.get("outputs") or []],
+                weight_column=(None if data.get("weight_column") is None
+                               else str(data["weight_column"])),
             )
         except (TypeError, ValueError) as exc:
             raise DataError(f"{source}: bad value: {exc}") from None
@@ -251,6 +259,11 @@ class ShardMetadata:
                     f"but rows is {f.rows}"
                 )
         self._validate_multi(source)
+        if self.weight_column is not None and (
+            not self.weight_column or self.weight_column in self.columns[:-1]
+        ):
+            raise DataError(f"{source}: weight_column {self.weight_column!r} must be a column "
+                            f"name other than {self.columns[:-1]}")
         total = sum(f.rows for f in self.files)
         if total != self.num_rows:
             raise DataError(f"{source}: files hold {total} rows, but num_rows is {self.num_rows}")

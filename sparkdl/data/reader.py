@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -45,14 +45,37 @@ class WorkerSlice:
     rows: int
 
 
+#: ``fit(shuffle=...)``: a new seeded assignment of row groups to workers every epoch plus
+#: the in-worker shuffle (``global``), the in-worker shuffle of a fixed assignment
+#: (``window``: row-group order and rows within a window of row groups), or file order.
+SHUFFLE_MODES = ("global", "window", "none")
+
+
+def shuffle_mode(shuffle: bool | str) -> str:
+    """Keras's boolean ``shuffle`` (True: ``global``, False: ``none``) or a mode's name."""
+    if shuffle is True or shuffle is False:
+        return "global" if shuffle else "none"
+    if shuffle not in SHUFFLE_MODES:
+        raise ConfigurationError(
+            f"shuffle must be True, False or one of {', '.join(SHUFFLE_MODES)}, got {shuffle!r}"
+        )
+    return str(shuffle)
+
+
 def plan_slices(
-    metadata: ShardMetadata, num_workers: int, batch_size: int
+    metadata: ShardMetadata, num_workers: int, batch_size: int, *,
+    seed: int | None = None, epoch: int = 0,
 ) -> tuple[list[WorkerSlice], int]:
     """Split the row groups of a shard directory into disjoint, balanced worker slices.
 
     Row groups are assigned greedily, largest first, to the worker holding the fewest rows
     (ties: lowest worker index), which is deterministic. Returns the slices and
     ``steps_per_epoch = min(rows of a slice) // batch_size``, the same for every worker.
+
+    With ``seed``, row groups of the same size are taken in an order drawn from
+    ``(seed, epoch)`` instead of file order (``shuffle="global"``: every epoch's plan): the
+    sequence of sizes is the same, so every worker gets exactly the rows (and steps) of the
+    unseeded plan, from other row groups.
     """
     if num_workers < 1:
         raise ConfigurationError(f"num_workers must be >= 1, got {num_workers}")
@@ -71,7 +94,10 @@ def plan_slices(
             f"more files (num_files >= {num_workers}) or smaller rows_per_group"
         )
     order = {path: k for k, path in enumerate(f.path for f in metadata.files)}
-    # Largest first; ties in file / row-group order (sorted() is stable).
+    if seed is not None:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, epoch, 0x5EED]))
+        pieces = [pieces[i] for i in rng.permutation(len(pieces))]
+    # Largest first; ties in file / row-group order, or the drawn order (sorted() is stable).
     pieces.sort(key=lambda p: -p[2])
     assigned: list[list[tuple[str, int, int]]] = [[] for _ in range(num_workers)]
     rows = [0] * num_workers
@@ -92,6 +118,23 @@ def plan_slices(
             f"evenly spread); use a smaller batch size or fewer workers"
         )
     return slices, steps
+
+
+def global_shuffle(metadata: ShardMetadata, num_workers: int, batch_size: int, worker: int,
+                   seed: int) -> Callable[[int], WorkerSlice]:
+    """``epoch -> worker``'s slice of that epoch's seeded plan (``shuffle="global"``)."""
+    def slice_of(epoch: int) -> WorkerSlice:
+        return plan_slices(metadata, num_workers, batch_size, seed=seed, epoch=epoch)[0][worker]
+
+    return slice_of
+
+
+def rows_dropped_per_epoch(metadata: ShardMetadata, num_workers: int, batch_size: int,
+                           steps_per_epoch: int) -> int:
+    """Rows no worker reads in an epoch: every worker stops after ``steps_per_epoch`` full
+    batches of its slice (equal steps keep the collectives in step). The same every epoch,
+    whatever the shuffle: each epoch's plan gives every worker the same number of rows."""
+    return metadata.num_rows - num_workers * steps_per_epoch * batch_size
 
 
 # ----------------------------------------------------------------------------------------------
@@ -170,10 +213,10 @@ class _RowGroupFetcher:
         handle = handles[path] = ShardFileHandle(self.uri, path, self.metadata)
         return handle
 
-    def _read(self, path: str, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def _read(self, path: str, index: int) -> tuple[np.ndarray, ...]:
         return self._open(path).read_group(index)
 
-    def fetch(self, pieces: list[tuple[str, int]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def fetch(self, pieces: list[tuple[str, int]]) -> Iterator[tuple[np.ndarray, ...]]:
         """Yield the decoded pieces in order. Each yielded row group stays counted in
         ``stats.buffered_row_groups`` until the consumer calls ``stats.release()``."""
         if self._pool is None:
@@ -230,110 +273,109 @@ class _RowGroupFetcher:
 # Row groups -> batches
 
 
+Columns = tuple[np.ndarray, ...]  # a row group's or a batch's arrays: x, y[, sample weight]
+
+
 def _batches_in_order(
-    chunks: Iterator[tuple[np.ndarray, np.ndarray]],
+    chunks: Iterator[Columns],
     batch_size: int,
     stats: ReaderStats,
     *,
     last_partial: bool,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Cut row groups into batches in file order.
+) -> Iterator[Columns]:
+    """Cut row groups (tuples of column arrays) into batches in file order.
 
     Batches inside one row group are views; only a batch straddling row groups is copied (and
     the tail of a row group is copied, so a consumed row group is never kept alive by it).
     """
-    part_x: list[np.ndarray] = []
-    part_y: list[np.ndarray] = []
+    parts: list[list[np.ndarray]] = []
     held = 0
-    for gx, gy in chunks:
+    for group in chunks:
         try:
+            rows = len(group[0])
+            if not parts:
+                parts = [[] for _ in group]
             start = 0
             if held:
-                start = min(batch_size - held, len(gx))
-                part_x.append(gx[:start])
-                part_y.append(gy[:start])
+                start = min(batch_size - held, rows)
+                for part, column in zip(parts, group):
+                    part.append(column[:start])
                 held += start
                 if held == batch_size:
-                    bx, by = np.concatenate(part_x), np.concatenate(part_y)
-                    part_x, part_y, held = [], [], 0
-                    yield bx, by
-            full = (len(gx) - start) // batch_size
+                    batch = tuple(np.concatenate(part) for part in parts)
+                    parts, held = [[] for _ in group], 0
+                    yield batch
+            full = (rows - start) // batch_size
             for b in range(full):
                 s = start + b * batch_size
-                yield gx[s:s + batch_size], gy[s:s + batch_size]
+                yield tuple(column[s:s + batch_size] for column in group)
             rest = start + full * batch_size
-            if rest < len(gx):
-                part_x.append(gx[rest:].copy())
-                part_y.append(gy[rest:].copy())
-                held += len(gx) - rest
+            if rest < rows:
+                for part, column in zip(parts, group):
+                    part.append(column[rest:].copy())
+                held += rows - rest
         finally:  # also when the consumer stops inside this row group
-            del gx, gy
+            del group
             stats.release()
     if last_partial and held:
-        yield np.concatenate(part_x), np.concatenate(part_y)
+        yield tuple(np.concatenate(part) for part in parts)
 
 
 def _batches_shuffled(
-    chunks: Iterator[tuple[np.ndarray, np.ndarray]],
+    chunks: Iterator[Columns],
     batch_size: int,
     stats: ReaderStats,
     *,
     window: int,
     rng: np.random.Generator,
-    empty: tuple[np.ndarray, np.ndarray],
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    empty: Columns,
+) -> Iterator[Columns]:
     """Shuffle rows within windows of ``window`` row groups plus the rows carried over from
     the previous window, and cut the result into full batches (the last remainder is dropped).
 
     Each window is gathered into its shuffled order with one copy (a scatter per row group).
     """
-    carry_x, carry_y = empty
-    group_x: list[np.ndarray] = []
-    group_y: list[np.ndarray] = []
+    carry = empty
+    groups: list[Columns] = []
     chunks = iter(chunks)
     exhausted = False
     try:
         while not exhausted:
-            for gx, gy in chunks:
-                group_x.append(gx)
-                group_y.append(gy)
-                if len(group_x) == window:
+            for group in chunks:
+                groups.append(group)
+                if len(groups) == window:
                     break
             else:
                 exhausted = True
-            if not group_x:
+            if not groups:
                 break
-            x, y = _scatter_shuffled([carry_x, *group_x], [carry_y, *group_y], rng)
-            stats.release(len(group_x))
-            group_x.clear()
-            group_y.clear()
-            full = len(x) // batch_size
+            shuffled = _scatter_shuffled([carry, *groups], rng)
+            stats.release(len(groups))
+            groups.clear()
+            full = len(shuffled[0]) // batch_size
             for b in range(full):
                 s = slice(b * batch_size, (b + 1) * batch_size)
-                yield x[s], y[s]
-            carry_x, carry_y = x[full * batch_size:].copy(), y[full * batch_size:].copy()
-            del x, y
+                yield tuple(column[s] for column in shuffled)
+            carry = tuple(column[full * batch_size:].copy() for column in shuffled)
+            del shuffled
     finally:  # the consumer stopped while row groups were still gathered
-        stats.release(len(group_x))
+        stats.release(len(groups))
 
 
-def _scatter_shuffled(
-    parts_x: list[np.ndarray], parts_y: list[np.ndarray], rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """``concatenate(parts)[rng.permutation(n)]`` with one copy instead of two."""
-    n = sum(len(p) for p in parts_x)
+def _scatter_shuffled(groups: list[Columns], rng: np.random.Generator) -> Columns:
+    """``concatenate(groups)[rng.permutation(n)]`` per column, with one copy instead of two."""
+    n = sum(len(g[0]) for g in groups)
     perm = rng.permutation(n)
     where = np.empty_like(perm)
     where[perm] = np.arange(n)  # row i of the concatenation goes to position where[i]
-    x = np.empty((n, *parts_x[0].shape[1:]), parts_x[0].dtype)
-    y = np.empty((n, *parts_y[0].shape[1:]), parts_y[0].dtype)
+    out = tuple(np.empty((n, *column.shape[1:]), column.dtype) for column in groups[0])
     offset = 0
-    for px, py in zip(parts_x, parts_y):
-        dest = where[offset:offset + len(px)]
-        x[dest] = px
-        y[dest] = py
-        offset += len(px)
-    return x, y
+    for group in groups:
+        dest = where[offset:offset + len(group[0])]
+        for target, column in zip(out, group):
+            target[dest] = column
+        offset += len(group[0])
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,6 +384,9 @@ def _scatter_shuffled(
 
 class ShardReader:
     """Reads one worker's slice of a shard directory as exactly ``steps_per_epoch`` batches.
+
+    ``epoch_slices(epoch)``, when given, is the slice of each epoch (``shuffle="global"``,
+    :func:`global_shuffle`; as many rows as ``worker_slice``), else ``worker_slice`` always.
 
     Row groups are decoded ahead on up to ``decode_threads`` threads, at most ``prefetch`` of
     them at a time. Use as a context manager (or call :meth:`close`) to stop the threads and
@@ -364,6 +409,7 @@ class ShardReader:
         read_timeout: float = 600.0,
         max_open_files: int = 16,
         decode_threads: int = 2,
+        epoch_slices: Callable[[int], WorkerSlice] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
@@ -386,21 +432,23 @@ class ShardReader:
         self.shuffle = shuffle
         self.seed = seed
         self.shuffle_window = shuffle_window
+        self.epoch_slices = epoch_slices
         self.stats = ReaderStats()
         self._fetcher = _RowGroupFetcher(
             uri, metadata, self.stats, threads=decode_threads, ahead=prefetch,
             timeout=read_timeout, max_open_files=max_open_files,
             name=f"sparkdl-shard-reader-{worker_slice.worker}",
         )
-        self._active: Generator[tuple[np.ndarray, np.ndarray], None, None] | None = None
+        self._active: Generator[tuple[Any, ...], None, None] | None = None
 
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng(
             np.random.SeedSequence([self.seed, epoch, self.worker_slice.worker])
         )
 
-    def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield exactly ``steps_per_epoch`` batches ``(features, labels)`` for ``epoch``.
+    def epoch(self, epoch: int) -> Iterator[tuple[Any, ...]]:
+        """Yield exactly ``steps_per_epoch`` batches ``(features, labels)`` for ``epoch``
+        (``(features, labels, sample_weight)`` from weighted shards).
 
         Shuffling (seeded by ``(seed, epoch, worker)``) permutes the order of row groups, then
         rows within windows of ``shuffle_window`` row groups plus the carried remainder.
@@ -415,9 +463,10 @@ class ShardReader:
         if active is not None:
             active.close()
 
-    def _epoch(self, epoch: int) -> Generator[tuple[np.ndarray, np.ndarray], None, None]:
+    def _epoch(self, epoch: int) -> Generator[tuple[Any, ...], None, None]:
         rng = self._rng(epoch)
-        pieces = list(self.worker_slice.pieces)
+        own = self.epoch_slices(epoch) if self.epoch_slices else self.worker_slice
+        pieces = list(own.pieces)
         if self.shuffle:
             pieces = [pieces[i] for i in rng.permutation(len(pieces))]
         chunks = self._fetcher.fetch(pieces)
@@ -461,8 +510,9 @@ class ShardReader:
 
 def read_all(
     uri: str, metadata: ShardMetadata | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Read every row of a (small) shard directory, in file order."""
+) -> tuple[Any, ...]:
+    """Read every row of a (small) shard directory, in file order: ``(x, y)``, plus the
+    sample weights of weighted shards."""
     metadata = metadata or read_metadata(uri)
     parts = [ShardFileHandle(uri, f.path, metadata) for f in metadata.files]
     try:
@@ -472,8 +522,7 @@ def read_all(
             h.close()
     if not arrays:
         return metadata.unpack(*empty_arrays(metadata))
-    return metadata.unpack(np.concatenate([a[0] for a in arrays]),
-                           np.concatenate([a[1] for a in arrays]))
+    return metadata.unpack(*(np.concatenate(column) for column in zip(*arrays)))
 
 
 def iter_batches(
@@ -485,8 +534,9 @@ def iter_batches(
     prefetch: int = 4,
     decode_threads: int = 2,
     read_timeout: float = 600.0,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield every row of ``files`` in order as batches of ``batch_size`` (the last may be short).
+) -> Iterator[tuple[Any, ...]]:
+    """Yield every row of ``files`` in order as batches of ``batch_size`` (the last may be short):
+    ``(x, y)``, plus the sample weights of weighted shards.
 
     No shuffling, no dropping: used by distributed evaluation and inference. Row groups are
     decoded ahead as in :class:`ShardReader`.
@@ -506,8 +556,8 @@ def iter_batches(
     )
     chunks = fetcher.fetch(pieces)
     try:
-        for x, y in _batches_in_order(chunks, batch_size, stats, last_partial=True):
-            yield metadata.unpack(x, y)
+        for batch in _batches_in_order(chunks, batch_size, stats, last_partial=True):
+            yield metadata.unpack(*batch)
     finally:
         chunks.close()
         fetcher.close()
@@ -530,8 +580,11 @@ def to_tf_dataset(reader: ShardReader, epoch: int) -> Any:
         y_spec = tf.TensorSpec((bs,), tf.int64)
     else:
         y_spec = tf.TensorSpec((bs, *meta.label_shape), tf.float32)
+    signature = (x_spec, y_spec)
+    if meta.weight_column is not None:  # Keras's (x, y, sample_weight)
+        signature = (x_spec, y_spec, tf.TensorSpec((bs,), tf.float32))
     dataset = tf.data.Dataset.from_generator(
-        lambda: reader.epoch(epoch), output_signature=(x_spec, y_spec)
+        lambda: reader.epoch(epoch), output_signature=signature
     )
     return dataset.apply(tf.data.experimental.assert_cardinality(reader.steps_per_epoch))
 

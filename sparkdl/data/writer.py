@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sparkdl.data.files import FEATURES, LABEL, read_metadata, validate_schema
+from sparkdl.data.files import FEATURES, LABEL, WEIGHT, read_metadata, validate_schema
 from sparkdl.data.metadata import (
     FORMAT_VERSION,
     METADATA_FILE,
@@ -114,8 +114,9 @@ def _validate_args(
         raise ConfigurationError(f"rows_per_group must be >= 1, got {rows_per_group}")
 
 
-def _prepare(df: DataFrame, label_kind: str) -> DataFrame:
-    """Select and cast ``features`` to array<float> and ``label`` to long / array<float>."""
+def _prepare(df: DataFrame, label_kind: str, weighted: bool = False) -> DataFrame:
+    """Select and cast ``features`` to array<float> and ``label`` to long / array<float>
+    (and ``sample_weight`` to float when ``weighted``)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -140,7 +141,14 @@ def _prepare(df: DataFrame, label_kind: str) -> DataFrame:
         label = F.col(LABEL).cast("array<float>")
     else:
         raise DataError(f"column 'label' must be numeric or array<numeric>, got {ltype}")
-    return df.select(features, label.alias(LABEL))
+    if not weighted:
+        return df.select(features, label.alias(LABEL))
+    if WEIGHT not in fields:
+        raise DataError(f"DataFrame has no column {WEIGHT!r} (columns: {', '.join(df.columns)})")
+    if not isinstance(fields[WEIGHT], T.NumericType):
+        raise DataError(f"column {WEIGHT!r} must hold numeric sample weights, got "
+                        f"{fields[WEIGHT]}")
+    return df.select(features, label.alias(LABEL), F.col(WEIGHT).cast("float").alias(WEIGHT))
 
 
 def _check(
@@ -169,6 +177,11 @@ def _check(
         count_if(~finite(FEATURES)).alias("non_finite"),
         count_if(F.col(LABEL).isNull()).alias("null_labels"),
     ]
+    weighted = WEIGHT in df.columns
+    if weighted:
+        w = F.col(WEIGHT)
+        aggs.append(count_if(w.isNull() | F.isnan(w) | (F.abs(w) == F.lit(float("inf")))
+                             | (w < 0)).alias("bad_weights"))
     if label_kind == "class":
         lab = F.col(LABEL)
         bad = (lab < 0) | (lab >= num_classes)
@@ -205,6 +218,9 @@ def _check(
         )
     if r["null_labels"]:
         raise DataError(f"column 'label' is null in {r['null_labels']} of {rows} rows")
+    if weighted and r["bad_weights"]:
+        raise DataError(f"column {WEIGHT!r}: {r['bad_weights']} of {rows} rows hold a null, "
+                        "NaN, infinite or negative sample weight")
     if label_kind == "class":
         if r["bad_labels"]:
             raise DataError(
@@ -278,6 +294,7 @@ def write_shards(
     row_group_bytes: int | None = None,
     inputs: Sequence[TensorSpec | dict[str, Any]] | None = None,
     outputs: Sequence[TensorSpec | dict[str, Any]] | None = None,
+    sample_weight: bool = False,
 ) -> ShardMetadata:
     """Validate ``df`` (columns ``features``, ``label``); write it atomically as shards at ``uri``.
 
@@ -298,6 +315,9 @@ def write_shards(
     of :class:`~sparkdl.data.metadata.TensorSpec` (or their dicts: ``name``, ``shape``,
     ``kind``, ``classes``) naming columns of ``df``, instead of ``feature_shape``,
     ``label_kind``, ``classes`` and ``label_shape``; each column is written under its name.
+
+    ``sample_weight=True``: ``df``'s numeric column ``sample_weight`` (finite, >= 0) is
+    written too, and ``_sparkdl.json`` names it (``weight_column``); single-input shards only.
     """
     from pyspark.sql import functions as F
 
@@ -305,6 +325,9 @@ def write_shards(
 
     multi = inputs is not None or outputs is not None
     classes = [str(c) for c in classes]
+    if multi and sample_weight:
+        raise ConfigurationError("sample_weight is not supported for multi-input/output "
+                                 "shards yet")
     if multi:
         inputs, outputs = as_specs(inputs or [], output=False), as_specs(outputs or [],
                                                                          output=True)
@@ -331,7 +354,7 @@ def write_shards(
             data, rows = prepare_multi(df, inputs, outputs)
         packed = packed_metadata_fields(inputs, outputs)
     else:
-        data = _prepare(df, label_kind)
+        data = _prepare(df, label_kind, sample_weight)
         with spark_data_errors():
             rows, label_len = _check(data, raw_label_type, feature_size, label_kind,
                                      len(classes))
@@ -362,7 +385,8 @@ def write_shards(
     }
     meta = ShardMetadata(
         format_version=FORMAT_VERSION, num_rows=rows, files=[], normalizer=normalizer,
-        transform=transform, extra=dict(extra or {}), **fields,
+        transform=transform, extra=dict(extra or {}),
+        weight_column=WEIGHT if sample_weight else None, **fields,
     )
     try:
         key = F.xxhash64(F.lit(int(seed)), *(F.col(c) for c in meta.columns))

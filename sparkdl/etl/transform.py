@@ -456,19 +456,22 @@ class ImageScale(Step):
 class Assemble(Step):
     """Build the shard columns: ``features`` (``array<float>``, the listed columns' values,
     scalars and arrays concatenated in order) and ``label``; every other column is dropped.
-    ``shape`` defaults to an image column's recorded shape, else ``[number of values]``."""
+    ``shape`` defaults to an image column's recorded shape, else ``[number of values]``.
+    ``weight`` names a numeric column kept as the shards' ``sample_weight``."""
 
     op: ClassVar[str] = "assemble"
     features: list[str] = field(default_factory=list)
     label: str | None = "label"
     shape: list[int] | None = None
+    weight: str | None = None
 
     def apply(self, df: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
 
         if not self.features:
             raise ConfigurationError("transform step 'assemble' needs a list of 'features'")
-        self._need(df, *self.features, *([self.label] if self.label else []))
+        self._need(df, *self.features, *([self.label] if self.label else []),
+                   *([self.weight] if self.weight else []))
         parts = [
             _col(c).cast("array<float>") if _is_array(df, c) else F.array(_col(c).cast("float"))
             for c in self.features
@@ -477,6 +480,8 @@ class Assemble(Step):
         cols = [feats.alias("features")]
         if self.label:
             cols.append(_col(self.label).alias("label"))
+        if self.weight:
+            cols.append(_col(self.weight).cast("float").alias("sample_weight"))
         return df.select(*cols)
 
     def feature_shape(self, df: DataFrame) -> list[int] | None:

@@ -89,7 +89,8 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
             network_mask=cluster["network_mask"], default_host=host,
             port_range=parse_port_range(cluster["port_range"]),
             wire_integrity=cluster["wire_integrity"],
-            topology=cluster.get("topology", "flat"), host_id=host,
+            topology=cluster.get("topology", "flat"), mesh=cluster.get("mesh", "plain"),
+            host_id=host,
         )
 
     return run_task(spec, communicator, secret=secret, gpus=gpus)

@@ -212,6 +212,23 @@ class NetCluster:
             raise
         return self
 
+    def up_network(self, *, owner: int | None = None) -> NetCluster:
+        """Create only the network (namespaces, links, rate limits), no Spark: for benchmarks
+        whose own processes join a host with :func:`join_netns` (``down`` removes it)."""
+        owner = os.getpid() if owner is None else owner
+        check_privileges()
+        _claim(self.name, self.state_dir, owner, write=False)
+        teardown(self.state_dir, self.name)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        _claim(self.name, self.state_dir, owner)
+        try:
+            self._save_state()
+            self._create_network()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
     def down(self) -> None:
         """Stop every process and remove every namespace, link and qdisc this cluster made."""
         teardown(self.state_dir, self.name)
@@ -606,6 +623,20 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def join_netns(netns: str) -> None:
+    """Move the calling process (single-threaded, e.g. just forked) into network namespace
+    ``netns`` (``setns(2)``), so the sockets it opens from now on live on that host."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise NetClusterError(f"setns into {netns}: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
 
 
 def _tbf(rate: str, bits: float) -> list[str]:

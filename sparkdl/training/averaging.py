@@ -9,8 +9,9 @@ import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.exchange import UpdateExchange
+from sparkdl.training.exchange import UpdateExchange, model_loss
 from sparkdl.training.variables import FlatVariables
+from sparkdl.training.weights import split_target
 
 
 class ParameterAveragingExchange(UpdateExchange):
@@ -45,8 +46,9 @@ class ParameterAveragingExchange(UpdateExchange):
 
     def _loss_only(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         """The averaged model's loss on the batch (the compiled metrics are not updated)."""
+        y, sample_weight = split_target(y)
         y_pred = self.model(x, training=False)
-        return self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=False)
+        return model_loss(self.model, x, y, y_pred, sample_weight, False)
 
     def _train_step_fn(self, x: tf.Tensor, y: tf.Tensor):
         with tf.GradientTape() as tape:

@@ -50,7 +50,7 @@ class FitOptions:
     callbacks: Sequence[keras.callbacks.Callback] | None = None
     verbose: int | str = "auto"
     initial_epoch: int = 0
-    shuffle: bool = True
+    shuffle: bool | str = True
     log_every_steps: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
@@ -59,10 +59,12 @@ class FitOptions:
     prefetch: int = 4
     decode_threads: int = 2
     timeline: str | None = None
+    class_weight: dict[int, float] | None = None
+    accumulate_steps: int = 1
 
     def check(self) -> None:
         for name in ("epochs", "validation_freq", "validation_batch_size", "checkpoint_every",
-                     "prefetch", "decode_threads"):
+                     "prefetch", "decode_threads", "accumulate_steps"):
             _positive_int(name, getattr(self, name))
         if isinstance(self.initial_epoch, bool) or not isinstance(self.initial_epoch, int) or (
             not 0 <= self.initial_epoch < self.epochs
@@ -89,6 +91,9 @@ class FitOptions:
                     f"callbacks must be keras.callbacks.Callback instances, got "
                     f"{type(callback).__name__}"
                 )
+        from sparkdl.data.reader import shuffle_mode
+
+        shuffle_mode(self.shuffle)
         if self.resume and not self.checkpoint_dir:
             raise ConfigurationError("resume=True needs a checkpoint_dir to resume from")
         if self.timeline is not None:
@@ -116,14 +121,23 @@ def run_fit(
     trained model (rank 0's)."""
     from sparkdl.comm.channel import ChannelServer
     from sparkdl.data.files import read_metadata
+    from sparkdl.data.reader import rows_dropped_per_epoch, shuffle_mode
     from sparkdl.training.events import DriverCallbacks, needs_weights
     from sparkdl.training.progress import ProgressLogger, resolve_verbose
     from sparkdl.training.serialization import model_from_bytes
+    from sparkdl.training.weights import check_class_weight
     from sparkdl.training.worker import EventsSpec, make_worker_spec
 
     options.check()
     verbose = resolve_verbose(options.verbose)
     metadata = read_metadata(data_uri)
+    class_weight = check_class_weight(options.class_weight, metadata, data_uri)
+    if options.accumulate_steps > 1 and getattr(master, "mode", None) != "dense":
+        raise ConfigurationError(
+            f"accumulate_steps={options.accumulate_steps} applies to dense training (mode "
+            f"'dense'), not to {type(master).__name__}: its exchange shares optimizer updates "
+            "or averages weights, not gradients"
+        )
     launcher.check_slots(master.num_workers)
     validation = _validation_spec(options) if options.validation_data else None
     checkpoint = _checkpoint_settings(options)
@@ -132,9 +146,11 @@ def run_fit(
     spec = make_worker_spec(
         model, master, data_uri, metadata, epochs=options.epochs,
         custom_objects=custom_objects, threads=launcher.threads_per_worker,
-        shuffle=options.shuffle, checkpoint=checkpoint, initial_epoch=options.initial_epoch,
+        shuffle=shuffle_mode(options.shuffle), checkpoint=checkpoint,
+        initial_epoch=options.initial_epoch,
         validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
-        timeline=options.timeline,
+        timeline=options.timeline, class_weight=class_weight,
+        accumulate_steps=options.accumulate_steps,
     )
     if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
         log_every = max(1, spec.steps_per_epoch // 20) if verbose == 1 else 0
@@ -173,6 +189,9 @@ def run_fit(
 
         steps_per_epoch = replan(spec, len(results)).steps_per_epoch
     history.metrics = summarize_fit(results, master, steps_per_epoch, wall)
+    history.metrics["shuffle"] = spec.shuffle
+    history.metrics["rows_dropped_per_epoch"] = rows_dropped_per_epoch(
+        metadata, len(results), master.batch_size_per_worker, steps_per_epoch)
     if elastic:
         history.metrics["elastic_events"] = events
         for event in events:

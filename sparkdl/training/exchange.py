@@ -16,6 +16,7 @@ from sparkdl.training import timeline
 from sparkdl.training.metrics import CompiledMetrics
 from sparkdl.training.overlap import InFlightExchange, overlap_timeout
 from sparkdl.training.variables import FlatVariables
+from sparkdl.training.weights import split_target
 
 
 @dataclass
@@ -57,6 +58,11 @@ class UpdateExchange(abc.ABC):
     flat dict of numpy arrays and Python numbers (here the optimizer's variables, one entry
     ``optimizer.<i>`` per variable in ``model.optimizer.variables`` order; subclasses add
     theirs). Restoring it after the weights continues training exactly.
+
+    :meth:`accumulate` (Horovod's ``backward_passes_per_step``): :meth:`step` adds each
+    micro-batch's gradient to a float32 sum and exchanges the mean of ``k`` of them once every
+    ``k`` calls (the pending sum is part of the state). Only for exchanges whose update is the
+    gradient (the template's :meth:`compute_update`: dense and one-method exchanges).
     """
 
     def __init__(
@@ -72,16 +78,36 @@ class UpdateExchange(abc.ABC):
         self._evaluate_fn: Any = None
         self._gradients_fn: Any = None
         self._apply_gradients_fn: Any = None
+        self.accumulate_steps = 1
+        self._accumulated: np.ndarray | None = None  # the sum of the pending micro-batches
+        self._micro_batches = 0
         model.optimizer.build(model.trainable_variables)
+
+    def accumulate(self, steps: int) -> None:
+        """Exchange once every ``steps`` calls of :meth:`step`, the gradients' mean over them."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigurationError(f"accumulate_steps must be a positive integer, got {steps!r}")
+        if steps > 1 and type(self).compute_update is not UpdateExchange.compute_update:
+            raise ConfigurationError(
+                f"accumulate_steps={steps} needs an exchange whose update is the gradient "
+                f"(mode 'dense'); {type(self).__name__} exchanges optimizer updates or weights"
+            )
+        self.accumulate_steps = steps
 
     # The template -----------------------------------------------------------------------
 
-    def step(self, x: np.ndarray, y: np.ndarray, step: int) -> StepResult:
-        """Run one step on batch ``(x, y)``; ``step`` counts from 0 over the whole fit."""
+    def step(self, x: np.ndarray, y: Any, step: int) -> StepResult:
+        """Run one step on batch ``(x, y)``; ``step`` counts from 0 over the whole fit. ``y``
+        may be :class:`~sparkdl.training.weights.Weighted` (labels with sample weights)."""
         watch = Stopwatch()
         loss, update, finite = self.compute_update(x, y, step)
         if not bool(finite):
             return StepResult(loss=float(loss), finite_update=False)
+        if self.accumulate_steps > 1:
+            update = self._accumulate(update)
+            if update is None:  # more micro-batches to come before the exchange
+                watch.lap("compute_s")
+                return StepResult(loss=float(loss), timings=watch.timings)
         watch.lap("compute_s")
         message = self.encode(update, step)
         watch.lap("encode_s")
@@ -99,6 +125,20 @@ class UpdateExchange(abc.ABC):
                 extra["exchange_s"] = in_flight.busy_s
             in_flight.submit(lambda: (self.communicate(message, step), step))
         return StepResult(loss=float(loss), timings=watch.timings, extra=extra)
+
+    def _accumulate(self, gradient: Any) -> np.ndarray | None:
+        """Add a micro-batch's gradient; the mean of ``accumulate_steps`` of them once there
+        are that many, else None."""
+        if self._accumulated is None:
+            self._accumulated = np.zeros(self.trainable.size, np.float32)
+        np.add(self._accumulated, gradient, out=self._accumulated)
+        self._micro_batches += 1
+        if self._micro_batches < self.accumulate_steps:
+            return None
+        mean = self._accumulated / np.float32(self.accumulate_steps)
+        self._accumulated.fill(0)
+        self._micro_batches = 0
+        return mean
 
     def _decode_apply(self, received: Any, step: int, watch: Stopwatch) -> dict[str, float]:
         decoded = self.decode(received, step)
@@ -174,15 +214,34 @@ class UpdateExchange(abc.ABC):
     def get_state(self) -> dict[str, Any]:
         """This rank's exchange state (see the class docstring); drains first."""
         self.drain()
-        return {
+        state: dict[str, Any] = {
             f"optimizer.{i}": np.array(v.numpy(), copy=True)
             for i, v in enumerate(self.model.optimizer.variables)
         }
+        if self.accumulate_steps > 1:
+            state["accumulated"] = (np.zeros(self.trainable.size, np.float32)
+                                    if self._accumulated is None else self._accumulated.copy())
+            state["accumulated_steps"] = self._micro_batches
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`get_state` output of this rank (the same model and optimizer)."""
         variables = self.model.optimizer.variables
         expected = {f"optimizer.{i}" for i in range(len(variables))}
+        if self.accumulate_steps > 1 and isinstance(state, dict):
+            state = dict(state)
+            accumulated = np.asarray(state.pop("accumulated", np.zeros(0, np.float32)))
+            pending = int(state.pop("accumulated_steps", 0))
+            if accumulated.shape != (self.trainable.size,) or not (
+                0 <= pending < self.accumulate_steps
+            ):
+                raise ConfigurationError(
+                    f"{type(self).__name__} state holds no pending accumulation of "
+                    f"{self.trainable.size} values and < {self.accumulate_steps} micro-batches "
+                    f"(got shape {accumulated.shape}, {pending} micro-batches)"
+                )
+            self._accumulated = accumulated.astype(np.float32, copy=True)
+            self._micro_batches = pending
         if not isinstance(state, dict) or set(state) != expected:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise ConfigurationError(
@@ -200,11 +259,14 @@ class UpdateExchange(abc.ABC):
 
     # Shared building blocks -------------------------------------------------------------
 
-    def _loss(self, x: tf.Tensor, y: tf.Tensor, training: bool = True) -> tf.Tensor:
-        """The batch loss; also adds the batch to the model's compiled metrics."""
+    def _loss(self, x: tf.Tensor, y: Any, training: bool = True) -> tf.Tensor:
+        """The batch loss (the model's own ``compute_loss``, with the sample weights of a
+        :class:`~sparkdl.training.weights.Weighted` target, as Keras's ``train_step``); also
+        adds the batch to the model's compiled metrics."""
+        y, sample_weight = split_target(y)
         y_pred = self.model(x, training=training)
-        loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=training)
-        self.metrics.update(x, y, y_pred)
+        loss = model_loss(self.model, x, y, y_pred, sample_weight, training)
+        self.metrics.update(x, y, y_pred, sample_weight)
         return loss
 
     def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor):
@@ -219,6 +281,15 @@ class UpdateExchange(abc.ABC):
     def _apply_flat(self, flat: tf.Tensor) -> None:
         """One optimizer step with the flat gradient ``flat``."""
         self.model.optimizer.apply(self.trainable.split(flat), self.model.trainable_variables)
+
+
+def model_loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool
+               ) -> tf.Tensor:
+    """``model.compute_loss`` as Keras's ``train_step`` calls it (an override that predates its
+    ``training`` argument is called without it)."""
+    if getattr(model, "_compute_loss_has_training_arg", True):
+        return model.compute_loss(x, y, y_pred, sample_weight, training=training)
+    return model.compute_loss(x, y, y_pred, sample_weight)
 
 
 class Stopwatch:

@@ -47,7 +47,7 @@ class KerasFit:
         callbacks: Sequence[keras.callbacks.Callback] | None = None,
         verbose: int | str = "auto",
         initial_epoch: int = 0,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         log_every_steps: int | None = None,
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
@@ -56,6 +56,8 @@ class KerasFit:
         prefetch: int = 4,
         decode_threads: int = 2,
         timeline: str | None = None,
+        class_weight: dict[int, float] | None = None,
+        accumulate_steps: int = 1,
     ) -> FitResult:
         """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
 
@@ -76,6 +78,12 @@ class KerasFit:
                 take effect on every worker before the next epoch.
             verbose: 0 silent, 1 progress bar, 2 one line per epoch; ``"auto"`` is 1 in a
                 terminal or notebook, else 2.
+            shuffle: ``"global"`` (or True): every epoch a new seeded assignment of row groups
+                to workers (equal steps kept), then each worker shuffles its row groups' order
+                and rows within a window of them; ``"window"``: the in-worker shuffle of a
+                fixed assignment; ``"none"`` (or False): file order. Rows beyond the workers'
+                equal steps are dropped: ``rows_dropped`` in every epoch's figures and
+                ``metrics["rows_dropped_per_epoch"]``.
             log_every_steps: batch events every this many steps (``None``: enough for the bar).
             checkpoint_dir: rank 0 checkpoints there every ``checkpoint_every`` epochs (or
                 steps, ``checkpoint_unit="steps"``); a retried stage resumes from the latest
@@ -85,6 +93,14 @@ class KerasFit:
             timeline: a directory URI: every worker writes a Chrome trace of its steps there,
                 ``rank-<N>.json`` (see :mod:`sparkdl.training.timeline`); the files' URIs are
                 in ``history.metrics["timeline"]``.
+            class_weight: ``{class index: weight}``, Keras's ``class_weight``: each training
+                row's loss and metrics weighted by its class's weight (unnamed classes: 1);
+                not with shards that carry sample weights (Keras refuses both at once).
+                Sample weights come from the shards' weight column (``write_shards(...,
+                sample_weight=True)``, ``SparkModel.fit(df, sample_weight_col=...)``).
+            accumulate_steps: exchange once every this many steps (micro-batches), the mean
+                of their gradients: dense training's equivalent of a batch this many times
+                larger (Horovod's ``backward_passes_per_step``).
         """
         from sparkdl.errors import ConfigurationError
         from sparkdl.training.driver import FitOptions, run_fit
@@ -94,8 +110,9 @@ class KerasFit:
                 f"fit() takes the URI of a shard directory, got {type(data).__name__}"
             )
         from sparkdl.data.metadata import load_metadata
-        from sparkdl.training.model_check import check_model_fits_shards
+        from sparkdl.training.model_check import check_model_fits_shards, check_training_step
 
+        check_training_step(self.model)
         for uri in (data, validation_data):  # on the driver, before any task starts
             if isinstance(uri, str):
                 check_model_fits_shards(self.model, load_metadata(uri), uri)
@@ -105,7 +122,8 @@ class KerasFit:
             initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
             checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
-            decode_threads=decode_threads, timeline=timeline,
+            decode_threads=decode_threads, timeline=timeline, class_weight=class_weight,
+            accumulate_steps=accumulate_steps,
         )
         history, self.model = run_fit(
             self.model, self.training_master, self._launcher(), data, options,

@@ -19,6 +19,7 @@ import numpy as np
 
 from sparkdl.errors import TrainingError
 from sparkdl.training import timeline
+from sparkdl.training.weights import model_batch
 
 if TYPE_CHECKING:  # this module imports no TensorFlow: the driver reads LoopResult
     from sparkdl.comm.communicator import Communicator
@@ -26,7 +27,8 @@ if TYPE_CHECKING:  # this module imports no TensorFlow: the driver reads LoopRes
 
 log = logging.getLogger("sparkdl.training")
 
-BatchSource = Callable[[int], Iterable[tuple[np.ndarray, np.ndarray]]]
+#: ``batches(epoch)``: ``(x, y)`` or ``(x, y, sample_weight)`` batches of an epoch.
+BatchSource = Callable[[int], Iterable[tuple[np.ndarray, ...]]]
 
 #: Per-step phase timings an exchange reports (seconds), in the order they are summed.
 PHASES = ("compute_s", "encode_s", "communicate_s", "decode_s", "apply_s")
@@ -194,7 +196,7 @@ class TrainingLoop:
               steady: bool) -> None:
         wait_start = time.perf_counter()
         try:
-            x, y = next(iterator)
+            x, y = model_batch(next(iterator))
         except StopIteration:
             raise TrainingError(
                 f"worker {self.comm.rank} ran out of data at epoch {epoch}, step {step} of "

@@ -30,8 +30,11 @@ class CompiledMetrics:
             return
         self._built = True
         if getattr(self.model, "_compile_metrics", None) is not None:
+            from sparkdl.training.weights import split_target
+
+            y, sample_weight = split_target(y)
             y_pred = self.model(x, training=False)
-            self.model.compute_metrics(x, y, y_pred)
+            self.model.compute_metrics(x, y, y_pred, sample_weight)
         self.reset()
 
     @property
@@ -43,9 +46,9 @@ class CompiledMetrics:
     def variables(self) -> list[tf.Variable]:
         return [v for m in self.metrics for v in m.variables]
 
-    def update(self, x: Any, y: Any, y_pred: Any) -> None:
+    def update(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> None:
         """Add a batch (callable inside a tf.function)."""
-        self.model.compute_metrics(x, y, y_pred)
+        self.model.compute_metrics(x, y, y_pred, sample_weight)
 
     def reset(self) -> None:
         for metric in self.metrics:

@@ -5,6 +5,10 @@ input shape(s) with the features, its output units with the classes (or the regr
 target's size), and its loss with the label kind (class indices or float targets). A
 mismatch is one :class:`ConfigurationError` line naming both sides, instead of a shape
 error from inside every Spark task.
+
+:func:`check_training_step` refuses a model whose class overrides ``train_step``: the
+workers never call it (each computes the gradient of ``model.compute_loss``, which an
+override does change, and the training master exchanges it).
 """
 
 from __future__ import annotations
@@ -50,6 +54,23 @@ def check_model_fits_shards(model: Any, metadata: ShardMetadata, uri: str, *,
         )
     _check_output(outputs[0], _loss_name(loss), metadata.label_kind,
                   metadata.num_classes, metadata.label_shape, "", where)
+
+
+def check_training_step(model: Any) -> None:
+    """Raise one :class:`ConfigurationError` if ``model``'s class overrides Keras's
+    ``train_step`` (sparkdl's workers run their own step around ``compute_loss``)."""
+    import keras
+
+    for cls in type(model).__mro__:
+        if cls is keras.Model or cls.__module__.startswith("keras."):
+            return
+        if "train_step" in vars(cls):
+            raise ConfigurationError(
+                f"model class {cls.__qualname__} overrides train_step, which sparkdl does not "
+                "run: every worker computes the gradient of model.compute_loss and the training "
+                "master exchanges it. Override compute_loss instead (sparkdl calls it, with "
+                "the sample weights), or move the custom computation into a layer or the loss"
+            )
 
 
 def _check_multi(model: Any, metadata: ShardMetadata, where: str, losses: Any) -> None:

@@ -5,7 +5,7 @@ epoch, moved by the workers' step events; ``verbose=2`` (spark-submit, Airflow l
 that is not a terminal) prints one line per epoch as soon as the epoch ends::
 
     epoch 3/12 - loss 0.106 - accuracy 0.975 - val_loss 0.09 - 9.1k samples/s
-        - 812B/step (85x less than dense) - tau 1.2e-02    (one line)
+        - 812B/step (85x less than dense) - tau 1.2e-02 - 40 rows dropped    (one line)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import keras
 _OWN_FIGURES = frozenset({
     "samples_per_second", "bytes_sent_per_step", "bytes_received_per_step", "tau", "sparsity",
     "loss_after_averaging", "epoch_s", "data_wait_s", "compute_s", "encode_s",
-    "communicate_s", "decode_s", "apply_s",
+    "communicate_s", "decode_s", "apply_s", "rows_dropped",
 })
 
 
@@ -93,12 +93,14 @@ class ProgressLogger(keras.callbacks.Callback):
             parts.append(text)
         if "tau" in logs:
             parts.append(f"tau {logs['tau']:.1e}")
+        if logs.get("rows_dropped"):
+            parts.append(f"{int(logs['rows_dropped'])} rows dropped")
         return " - ".join(parts)
 
 
 #: sparkdl's figures the progress bar shows at the end of an epoch, with their short names.
 _BAR_FIGURES = (("samples_per_second", "samples/s"), ("bytes_sent_per_step", "B/step"),
-                ("tau", "tau"))
+                ("tau", "tau"), ("rows_dropped", "rows dropped"))
 
 
 def _pairs(logs: dict[str, Any]) -> list[tuple[str, float]]:

@@ -60,7 +60,7 @@ class WorkerSpec:
     job_id: int
     custom_objects: dict[str, Any] | None = None
     threads: int = 1
-    shuffle: bool = True
+    shuffle: str = "global"  # sparkdl.data.reader.SHUFFLE_MODES
     checkpoint: dict[str, Any] | None = None  # CheckpointPolicy fields plus "run_id"
     initial_epoch: int = 0
     validation: ValidationSpec | None = None
@@ -68,6 +68,8 @@ class WorkerSpec:
     prefetch: int = 4
     decode_threads: int = 2
     timeline: str | None = None  # URI: write a Chrome trace per rank there
+    class_weight: dict[int, float] | None = None  # Keras's class_weight, checked
+    accumulate_steps: int = 1  # exchange once every this many micro-batches
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -80,7 +82,7 @@ def make_worker_spec(
     epochs: int,
     custom_objects: dict[str, Any] | None,
     threads: int,
-    shuffle: bool,
+    shuffle: str,
     checkpoint: dict[str, Any] | None = None,
     **options: Any,
 ) -> WorkerSpec:
@@ -182,6 +184,16 @@ class Checkpointing(WorkerCallback):
         log.info("checkpoint %s written (epoch %d, step %d)", path, epoch, step)
 
 
+class DroppedRows(WorkerCallback):
+    """Every epoch's ``rows_dropped``: the rows no worker read (beyond the equal steps)."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
+        logs["rows_dropped"] = self.rows
+
+
 class WorldSize(WorkerCallback):
     """An elastic fit's per-epoch ``workers`` figure: how many ranks trained the epoch."""
 
@@ -203,6 +215,7 @@ class Validation(WorkerCallback):
 
     def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
         from sparkdl.data.reader import iter_batches
+        from sparkdl.training.weights import model_batch
 
         if (epoch + 1) % self.spec.freq:
             return
@@ -212,9 +225,11 @@ class Validation(WorkerCallback):
         totals = np.zeros(2, np.float64)  # loss × rows, rows
         files = self.spec.files[comm.rank :: comm.world_size]
         if files:
-            for x, y in iter_batches(self.spec.uri, files, self.spec.batch_size,
-                                     metadata=self.metadata):
-                rows = len(next(iter(y.values()))) if isinstance(y, dict) else len(y)
+            for batch in iter_batches(self.spec.uri, files, self.spec.batch_size,
+                                      metadata=self.metadata):
+                x, y = model_batch(batch)
+                labels = batch[1]
+                rows = len(next(iter(labels.values()))) if isinstance(labels, dict) else len(labels)
                 totals += (exchange.evaluate_batch(x, y) * rows, rows)
         state = np.concatenate([totals, exchange.metrics.state()])
         if comm.world_size > 1:
@@ -259,7 +274,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
 
     started_at = time.time()
     from sparkdl.data.metadata import ShardMetadata
-    from sparkdl.data.reader import ShardReader
+    from sparkdl.data.reader import ShardReader, global_shuffle, rows_dropped_per_epoch
     from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore, TrainingState
     from sparkdl.training.masters import master_from_config
     from sparkdl.training.serialization import model_from_bytes, model_to_bytes
@@ -289,26 +304,40 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         )
     metadata = ShardMetadata.from_json(spec.metadata_json)
     exchange = master.create_exchange(model, comm, job_id=spec.job_id)
+    exchange.accumulate(spec.accumulate_steps)
     if resumed:
         _restore_exchange_state(exchange, _saved_states(resumed, store, comm), comm.rank)
     callbacks = _worker_callbacks(spec, comm, secret, policy, store, run_id)
+    callbacks.insert(0, DroppedRows(rows_dropped_per_epoch(
+        metadata, comm.world_size, master.batch_size_per_worker, spec.steps_per_epoch)))
+    epoch_slices = None
+    if spec.shuffle == "global":
+        epoch_slices = global_shuffle(metadata, comm.world_size, master.batch_size_per_worker,
+                                      comm.rank, master.seed)
     reader = ShardReader(
         spec.data_uri,
         metadata,
         spec.slices[comm.rank],
         master.batch_size_per_worker,
         spec.steps_per_epoch,
-        shuffle=spec.shuffle,
+        shuffle=spec.shuffle != "none",
         seed=master.seed,
+        epoch_slices=epoch_slices,
         prefetch=spec.prefetch,
         decode_threads=spec.decode_threads,
     )
+    batches: Any = reader.epoch
+    if spec.class_weight:  # Keras's class_weight: per-row sample weights of the labels
+        from sparkdl.training.weights import class_weight_table, with_class_weights
+
+        table = class_weight_table(spec.class_weight, metadata.num_classes)
+        batches = lambda epoch: with_class_weights(reader.epoch(epoch), table)  # noqa: E731
     global_step_at_start = start.epoch * spec.steps_per_epoch + start.step_in_epoch
     try:
         loop = TrainingLoop(
             exchange,
             comm,
-            reader.epoch,
+            batches,
             epochs=spec.epochs,
             steps_per_epoch=spec.steps_per_epoch,
             batch_size=master.batch_size_per_worker,

@@ -138,3 +138,27 @@ def test_existing_uri(spark, tmp_path: Path) -> None:
     meta = write_shards(small, uri, overwrite=True, **kw)
     assert read_metadata(uri).num_rows == meta.num_rows == 20
     assert _listing(tmp_path) == ["train"]
+
+
+def test_a_sample_weight_column_round_trips_and_a_negative_weight_writes_nothing(
+    spark, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    df, _ = _df(spark, 60)
+    weighted = df.withColumn("sample_weight", F.element_at("features", 1) * 0.25)
+    uri = f"file://{tmp_path}/w"
+    meta = write_shards(weighted, uri, feature_shape=SHAPE, classes=["a", "b", "c"],
+                        num_files=2, sample_weight=True)
+    assert meta.weight_column == "sample_weight" == read_metadata(uri).weight_column
+    x, _, w = read_all(uri)
+    np.testing.assert_array_equal(w, x.reshape(60, -1)[:, 0] * np.float32(0.25))
+    negative = weighted.withColumn("sample_weight", F.col("sample_weight") - 1.0)
+    with pytest.raises(DataError, match="column 'sample_weight': 4 of 60 rows hold a null, "
+                       "NaN, infinite or negative sample weight"):
+        write_shards(negative, f"file://{tmp_path}/bad", feature_shape=SHAPE,
+                     classes=["a", "b", "c"], sample_weight=True)
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(DataError, match="DataFrame has no column 'sample_weight'"):
+        write_shards(df, f"file://{tmp_path}/none", feature_shape=SHAPE,
+                     classes=["a", "b", "c"], sample_weight=True)

@@ -173,3 +173,31 @@ def test_a_failure_inside_the_users_dataframe_is_one_data_error_naming_its_cause
     assert len(message.splitlines()) == 1, message
     assert raised.value.__cause__ is None and raised.value.__suppress_context__
     assert not store.exists() or _store_entries(store) == []  # nothing half-written
+
+
+@pytest.mark.slow
+def test_a_sample_weight_column_weights_the_spark_fit_and_its_validation(spark, iris, tmp_path):
+    from pyspark.sql import functions as F
+
+    from sparkdl.data.reader import read_all
+
+    # virginica rows weigh nothing: the model never learns to predict them
+    weighted = iris.withColumn("w", F.when(F.col("species") == "virginica", 0.0).otherwise(1.5))
+    features = ["a", "b", "c", "d"]
+    spark_model = SparkModel(spark, _classifier(4, 3),
+                             DenseTrainingMaster(batch_size_per_worker=16, num_workers=2))
+    history = spark_model.fit(weighted, epochs=4, features_col=features, label_col="species",
+                              sample_weight_col="w", validation_data=weighted,
+                              store=str(tmp_path / "store"), keep_shards=True)
+    shards = next(p for p in (tmp_path / "store").iterdir() if not p.name.startswith("."))
+    x, y, w = read_all(str(shards))
+    assert sorted(set(w.tolist())) == [0.0, 1.5]
+    model = spark_model.model
+    expected = model.evaluate(x, y, sample_weight=w, batch_size=256, verbose=0)
+    np.testing.assert_allclose(history.history["val_loss"][-1], expected, rtol=1e-4)
+    virginica = spark_model.label_spec.classes.index("virginica")
+    probabilities = model.predict(x[y == virginica], verbose=0)
+    assert probabilities[:, virginica].mean() < 0.2
+    with pytest.raises(DataError, match="sample_weight_col 'nope' is not a column"):
+        spark_model.fit(weighted, features_col=features, label_col="species",
+                        sample_weight_col="nope", store=str(tmp_path / "store"))

@@ -245,6 +245,14 @@ def test_resume_continues_a_fit_exactly(spark, digits_shards, make_mlp, tmp_path
     assert fit.metrics["steps"] == 4 * per_epoch
     assert len(fit.history["loss"]) == 4
     assert fit.workers[0].checksum == whole.workers[0].checksum
+    # the default shuffle reassigns row groups every epoch; the resumed epochs read the same
+    assert fit.metrics["shuffle"] == "global"
+    from sparkdl.data.files import read_metadata
+
+    rows = read_metadata(digits_shards["train"]).num_rows
+    dropped = rows - 2 * per_epoch * tm.batch_size_per_worker
+    assert fit.metrics["rows_dropped_per_epoch"] == dropped
+    assert fit.history["rows_dropped"] == [dropped] * 4
     # without resume, the same directory starts over
     fresh = SparkModel(spark, make_mlp([8, 8, 1], 10), tm)
     again = fresh.fit(digits_shards["train"], epochs=1, checkpoint_dir=ckpt)

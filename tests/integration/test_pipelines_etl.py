@@ -149,3 +149,29 @@ def test_samples_command_feeds_every_conf(spark, tmp_path: Path) -> None:
         assert meta.num_classes == classes and meta.feature_shape == shape, name
         training = config.training  # enough rows for the conf's own training run
         assert result["train_rows"] >= training.num_workers * training.batch_size_per_worker, name
+
+
+def test_data_sample_weight_column_writes_the_csv_rows_weights(spark, tmp_path: Path) -> None:
+    from sparkdl.config import load_config
+    from sparkdl.stages import run_etl
+
+    path = tmp_path / "w.csv"
+    rng = np.random.default_rng(1)
+    rows = rng.normal(size=(80, 4))
+    path.write_text("".join(f"{a:.3f},{b:.3f},{c:.3f},{d:.3f},{'yes' if a > b else 'no'},"
+                            f"{1 + (a > b)}\n" for a, b, c, d in rows))
+    overrides = [f"data.options.path={path}", f"data.dir={tmp_path / 'out'}",
+                 "data.options.header=false", "data.options.rows_per_group=8",
+                 "data.options.columns={x0: double, x1: double, x2: double, x3: double, "
+                 "label: string, w: double}", "data.sample_weight_column=w"]
+    result = run_etl(load_config(REPO / "conf" / "csv.yaml", overrides), spark)
+    meta = read_metadata(result["train"])
+    assert meta.weight_column == "sample_weight"
+    _, y, w = read_all(result["train"])
+    assert sorted(set(w.tolist())) == [1.0, 2.0]
+    assert (w == 2.0).tolist() == (y == meta.classes.index("yes")).tolist()
+    config = load_config(REPO / "conf" / "digits.yaml",
+                         [f"data.dir={tmp_path / 'd'}", "data.sample_weight_column=w"])
+    with pytest.raises(ConfigurationError, match=r"data\.sample_weight_column: the digits "
+                       "pipeline writes no sample weights"):
+        run_etl(config, spark)

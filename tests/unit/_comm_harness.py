@@ -261,9 +261,13 @@ def run_threads(
     hosts: list[str] | None = None,
     topology: str = "flat",
     timeout: float = 120.0,
+    mesh: str = "plain",
+    wire_integrity: str = "none",
+    comm_timeout_s: float = 30.0,
 ) -> list[Any]:
     """Run ``fn(rank, comm)`` on ``world`` threads of this process, joined by real TCP rings
-    (one ring, or per-host rings plus the leaders' when ``hosts`` fakes several hosts);
+    (one ring, or per-host rings plus the leaders' when ``hosts`` fakes several hosts; plus the
+    log-depth links of :mod:`sparkdl.comm.mesh` when ``mesh`` is ``"mesh"`` or ``"auto"``);
     returns the values by rank and re-raises the first error. Threads, not processes: for
     callers whose models are built on the main thread (Keras's naming state)."""
     import threading
@@ -278,8 +282,9 @@ def run_threads(
                 exchange = store_exchange(server.address, rank, world, secret=SECRET,
                                           timeout_s=30)
                 comm = create_communicator("tcp", rank, world, exchange, secret=SECRET,
-                                           timeout_s=30, topology=topology,
-                                           host_id=hosts[rank] if hosts else None)
+                                           timeout_s=comm_timeout_s, topology=topology,
+                                           host_id=hosts[rank] if hosts else None, mesh=mesh,
+                                           wire_integrity=wire_integrity)
                 try:
                     results[rank] = fn(rank, comm)
                 finally:

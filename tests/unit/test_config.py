@@ -148,3 +148,12 @@ def test_a_duplicate_section_is_named_with_its_line(tmp_path):
 def test_a_duplicate_key_in_an_override_value_is_named():
     with pytest.raises(ConfigurationError, match=r"--set model\.params: .*duplicate key 'a'"):
         load_config(REPO / "conf" / "digits.yaml", ["model.params={a: 1, a: 2}"])
+
+
+def test_class_weight_and_sample_weight_column_come_from_yaml():
+    config = load_config(REPO / "conf" / "csv.yaml",
+                         ["training.class_weight={0: 1.0, 2: 4}", "data.sample_weight_column=w"])
+    assert config.training.class_weight == {0: 1.0, 2: 4.0}
+    assert config.data.sample_weight_column == "w"
+    with pytest.raises(ConfigurationError, match=r"training\.class_weight"):
+        load_config(REPO / "conf" / "csv.yaml", ["training.class_weight={a: 1.0}"])

@@ -1,0 +1,169 @@
+"""Ring vs log-depth ("mesh") collectives across hosts: ``jobs/benchmark.py collectives --mesh``.
+
+Every rank is a process (no TensorFlow) alone on its own host of the network-namespace harness
+(:mod:`sparkdl.testing.netcluster`, network only: one namespace, veth and ``tc tbf`` limit per
+host), so every byte crosses a rate-limited link; shared memory is off. Each process holds one
+:class:`~sparkdl.comm.mesh.MeshCommunicator` and times its ring (``comm.ring``, what
+``cluster.mesh: plain`` uses) and its log-depth algorithms alternately, on the same sockets,
+at each rate, rank count and message size. Figures per cell: median seconds per collective
+(slowest rank), the paired median ratio mesh / ring, payload-plus-framing bytes received per
+worker per collective, and the 1-minute load average beside them. Needs root.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import secrets
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from sparkdl.benchmarks.report import alternate_samples, paired_ratio, print_table
+
+KB = 1 << 10
+RATES = ("100mbit", "1gbit")
+WORLDS = (2, 4, 8, 16)
+SIZES = (1 * KB, 4 * KB, 16 * KB, 64 * KB, 256 * KB)
+REDUCE_SIZES = (4 * KB, 64 * KB, 1024 * KB)
+
+
+def _worker(
+    conn: Any, rank: int, world: int, address: str, secret: bytes, netns: str, ip: str
+) -> None:
+    try:
+        from sparkdl.testing.netcluster import join_netns
+
+        join_netns(netns)
+        from sparkdl.comm import connect_mesh, store_exchange
+
+        exchange = store_exchange(address, rank, world, key=f"mesh-{world}", secret=secret,
+                                  timeout_s=120)
+        comm: Any = connect_mesh(rank, world, exchange, secret=secret, timeout_s=120,
+                                 bind_host=ip, shared_memory=False, mode="mesh")
+        conn.send(("ready", None))
+        while True:
+            cmd = conn.recv()
+            if cmd[0] == "stop":
+                break
+            kind, impl, nbytes, reps = cmd
+            target = comm.ring if impl == "ring" else comm
+            comm.ring.barrier()
+            received = comm.counters.bytes_received
+            start = time.perf_counter()
+            if kind == "allgather":
+                message = bytes(nbytes)
+                for _ in range(reps):
+                    target.allgather(message)
+            else:
+                array = np.ones(nbytes // 4, np.float32)
+                for _ in range(reps):
+                    target.allreduce(array)
+            elapsed = time.perf_counter() - start
+            conn.send(("ok", (elapsed, (comm.counters.bytes_received - received) / reps)))
+        comm.close()
+    except BaseException as exc:
+        conn.send(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+
+
+def _reps(nbytes: int, world: int, rate_bits: float) -> int:
+    """Collectives per sample: about 50 ms of wire time, at least 2, at most 40."""
+    wire = max(1, world - 1) * nbytes * 8 / rate_bits
+    return max(2, min(40, int(0.05 / max(wire, 1e-4))))
+
+
+def _measure(
+    group: Any, kind: str, nbytes: int, reps: int, repeats: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Seconds per collective (slowest rank) per round, ring and mesh alternated; bytes
+    received per worker per collective."""
+    times: dict[str, list[float]] = {"ring": [], "mesh": []}
+    wire: dict[str, float] = {}
+
+    def call(impl: str) -> None:
+        out = group.call(kind, impl, nbytes, reps, timeout=300)
+        wire[impl] = statistics.mean(b for _, b in out)
+        times[impl].append(max(t for t, _ in out) / reps)
+
+    alternate_samples({"ring": lambda: call("ring"), "mesh": lambda: call("mesh")}, repeats,
+                      warmup=1)
+    return {k: v[1:] for k, v in times.items()}, wire  # without the warm-up round
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    """The grid: rates x rank counts x sizes, ring vs mesh, allgather (and allreduce)."""
+    from sparkdl.benchmarks.collectives import _Group
+    from sparkdl.comm import TcpStoreServer
+    from sparkdl.testing.netcluster import NetCluster, rate_bits_per_s
+
+    quick = bool(options.get("quick", False))
+    repeats = int(options.get("repeats") or (3 if quick else 5))
+    worlds = (2, 16) if quick else WORLDS
+    sizes = (4 * KB,) if quick else SIZES
+    reduce_sizes = () if quick else REDUCE_SIZES
+    secret = secrets.token_bytes(32)
+    fork = mp.get_context("fork")
+    cluster = NetCluster(max(worlds), rate=RATES[0], name="sdlm", subnet="10.78.0",
+                         state_dir="/tmp/sparkdl-netcluster-mesh")
+    result: dict[str, Any] = {"repeats": repeats, "cells": []}
+    groups: dict[int, _Group] = {}
+    cluster.up_network()
+    try:
+        store = TcpStoreServer(secret, host=cluster.master_ip, start=False)
+        try:
+            for world in worlds:
+                groups[world] = _Group(
+                    f"mesh-{world}w", fork, _worker,
+                    [(r, world, store.address, secret, cluster.hosts[r].netns,
+                      cluster.hosts[r].ip) for r in range(world)],
+                )
+            store.start()
+            for g in groups.values():
+                g.ready(120)
+            for rate in RATES:
+                cluster.set_rate(rate)
+                bits = rate_bits_per_s(rate) or 1e9
+                rows = []
+                cases = [("allgather", s) for s in sizes]
+                cases += [("allreduce", s) for s in reduce_sizes]
+                for world in worlds:
+                    group = groups[world]
+                    for kind, nbytes in cases:
+                        reps = _reps(nbytes, world, bits)
+                        times, wire = _measure(group, kind, nbytes, reps, repeats)
+                        ratio = 1 / paired_ratio(times["ring"], times["mesh"])
+                        load = os.getloadavg()[0]
+                        cell = {
+                            "rate": rate, "world": world, "collective": kind, "bytes": nbytes,
+                            "ring_ms": statistics.median(times["ring"]) * 1e3,
+                            "mesh_ms": statistics.median(times["mesh"]) * 1e3,
+                            "mesh_vs_ring": ratio,
+                            "ring_rx_bytes": wire["ring"], "mesh_rx_bytes": wire["mesh"],
+                            "load1": load,
+                        }
+                        result["cells"].append(cell)
+                        rows.append((f"{kind} {nbytes // KB} KB", world, cell["ring_ms"],
+                                     cell["mesh_ms"], ratio, int(wire["ring"]),
+                                     int(wire["mesh"]), f"{load:.1f}"))
+                print_table(
+                    f"ring vs mesh at {rate} per host link, one rank per host (median of "
+                    f"{repeats}, alternated; ratio: paired median mesh/ring time)",
+                    ["collective", "ranks", "ring ms", "mesh ms", "mesh/ring",
+                     "ring rx B/worker", "mesh rx B/worker", "load1"],
+                    rows,
+                )
+        finally:
+            for g in groups.values():
+                g.close()
+            store.close()
+    finally:
+        cluster.down()
+    target = [c for c in result["cells"] if c["rate"] == "1gbit" and c["world"] == 16
+              and c["collective"] == "allgather" and c["bytes"] == 4 * KB]
+    if target:
+        result["mesh_vs_ring_4kb_16w_1gbit"] = target[0]["mesh_vs_ring"]
+        print(f"16 ranks, 1 Gbit/s, 4 KB allgather: mesh takes "
+              f"{target[0]['mesh_vs_ring']:.2f}x the ring's time (target <= 0.5)", flush=True)
+    return result
