@@ -86,6 +86,18 @@ class ClusterConfig(_Section):
         "allgather, tree broadcast, halving-doubling allreduce: log2 N steps); 'auto' the "
         "log-depth ones for small messages at 4 ranks or more (tcp transport only)",
     )
+    task_cpus: int | None = Field(
+        default=None, ge=1,
+        description="CPU cores each training task asks for: with task_gpus, a ResourceProfile "
+        "on the training stage only (stage-level scheduling; not on a local[N] master); "
+        "unset: spark.task.cpus",
+    )
+    task_gpus: float | None = Field(
+        default=None, gt=0,
+        description="GPUs each training task asks for, on the training stage only (its "
+        "ResourceProfile), so that the ETL runs on CPU slots and the training on GPU slots; "
+        "unset: spark.task.resource.gpu.amount",
+    )
     spark_conf: dict[str, str] = Field(default_factory=dict)
     s3: S3Config = Field(default_factory=S3Config)
 

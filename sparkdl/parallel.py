@@ -172,18 +172,17 @@ def _worker_process(
 ) -> None:
     try:
         pin_gpus(gpus, role="parallel")  # before anything imports TensorFlow
-        from sparkdl.training.worker import configure_tensorflow, run_worker
+        from sparkdl.training.task import run_task
 
-        configure_tensorflow(spec.threads, gpus)
-        exchange = store_exchange(address, rank, world_size, secret=secret, timeout_s=timeout_s)
-        comm = create_communicator(
-            transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s,
-            wire_integrity=wire_integrity, mesh=mesh,
-        )
-        try:
-            result = run_worker(spec, comm, secret=secret)
-        finally:
-            comm.close()
+        def communicator() -> Any:
+            exchange = store_exchange(address, rank, world_size, secret=secret,
+                                      timeout_s=timeout_s)
+            return create_communicator(
+                transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s,
+                wire_integrity=wire_integrity, mesh=mesh,
+            )
+
+        result = run_task(spec, communicator, secret=secret, gpus=gpus)
         results_queue.put(("ok", result))
     except BaseException as exc:  # report every failure to the parent, then exit non-zero
         results_queue.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))

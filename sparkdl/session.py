@@ -3,11 +3,8 @@ sparkdl asks of a session, through public APIs that classic Spark and Spark Conn
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -112,42 +109,3 @@ def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
         options = cluster.spark_conf.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS)
         builder = builder.config(_DRIVER_JAVA_OPTIONS, driver_java_options(options))
     return builder.getOrCreate()
-
-
-def is_connect(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect client session."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def spark_master(spark: SparkSession) -> str:
-    """``spark.master`` (``""`` where a Spark Connect server does not say)."""
-    try:
-        return str(spark.conf.get("spark.master", None) or "")
-    except Exception:
-        return ""
-
-
-def task_cpus(spark: SparkSession) -> int:
-    """``spark.task.cpus``: the cores each Spark task gets."""
-    return int(spark.conf.get("spark.task.cpus", None) or 1)
-
-
-_SPLITS = re.compile(r"splits=(?:Some\()?(\d+)")
-
-
-def default_parallelism(spark: SparkSession) -> int:
-    """Spark's default parallelism (``spark.default.parallelism``, else the partitions a
-    ``range`` gets: the executors' total cores), read from the plan of ``spark.range``
-    (Spark Connect has no context to ask); 2 with one logged line if neither says."""
-    configured = spark.conf.get("spark.default.parallelism", None)
-    if configured:
-        return max(1, int(configured))
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        spark.range(1).explain()
-    found = _SPLITS.search(out.getvalue())
-    if found:
-        return max(1, int(found.group(1)))
-    log.info("the default parallelism is unknown (no splits in the plan of spark.range): "
-             "assuming 2")
-    return 2

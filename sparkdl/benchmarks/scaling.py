@@ -437,7 +437,9 @@ def _session(cluster: Any, workers_per_host: int) -> Iterator[Any]:
 
 
 def _wait_for_executors(spark: Any, count: int, timeout_s: float = 120.0) -> None:
-    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    # the harness drives its own classic standalone cluster, so it may ask the classic
+    # session's status tracker (Spark Connect has no executor list)
+    tracker = spark.sparkContext._jsc.sc().statusTracker()  # classic-only
     deadline = time.monotonic() + timeout_s
     while len(tracker.getExecutorInfos()) - 1 < count:  # the driver is listed too
         if time.monotonic() > deadline:
@@ -594,8 +596,20 @@ def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
                "small_allgather_s": statistics.median(small),
                "large_allreduce_s": statistics.median(large), "large_allreduce_bytes": sent}
 
-    rdd = spark.sparkContext.parallelize(range(num_workers), num_workers)
-    return sorted(rdd.barrier().mapPartitions(probe).collect(), key=lambda r: r["rank"])
+    def probe_task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pickle
+
+        import pyarrow as pa
+
+        for link in probe(batches):
+            yield pa.RecordBatch.from_pydict({"rank": [link["rank"]],
+                                              "result": [pickle.dumps(link)]})
+
+    import pickle
+
+    rows = spark.range(0, num_workers, 1, num_workers).mapInArrow(
+        probe_task, "rank int, result binary", barrier=True).collect()
+    return [pickle.loads(row["result"]) for row in sorted(rows, key=lambda r: r["rank"])]
 
 
 def fixed_hop_seconds(links: list[dict[str, Any]]) -> float:

@@ -58,7 +58,7 @@ def evaluate(
             default); the result is then a dict by output name.
         features_col, label_col: the DataFrame's columns (as in ``fit``).
     """
-    from sparkdl.session import default_parallelism, task_cpus
+    from sparkdl.spark.session import default_parallelism, task_cpus
     from sparkdl.training.serialization import model_to_bytes
 
     if _is_dataframe(data):
@@ -204,7 +204,7 @@ def scores_udf(
     from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
 
     from sparkdl.etl.normalizers import normalizer_from_config
-    from sparkdl.session import task_cpus
+    from sparkdl.spark.session import task_cpus
     from sparkdl.training.serialization import model_to_bytes
 
     model_bytes = model_to_bytes(spark_model.model)

@@ -22,8 +22,8 @@ import keras
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.launcher import Launcher
 from sparkdl.training.summary import WorkerResult, dense_bytes_per_step, summarize_fit
+from sparkdl.training.task import Launcher
 
 log = logging.getLogger("sparkdl")
 

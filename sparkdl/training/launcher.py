@@ -2,36 +2,22 @@
 
 Both are a :class:`KerasFit`: the same Keras-shaped ``fit`` (callbacks, validation,
 checkpoints, progress) over :func:`sparkdl.training.driver.run_fit`; they differ only in the
-:class:`Launcher` that runs the workers (a barrier-mode Spark stage, or local processes).
+:class:`~sparkdl.training.task.Launcher` that runs the workers (a barrier-mode Spark stage,
+or local processes). This module imports the driver; the driver imports only
+:mod:`sparkdl.training.task`, so there is no import circle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from sparkdl.training.task import Launcher
 
 if TYPE_CHECKING:
     import keras
 
     from sparkdl.training.driver import FitResult
-    from sparkdl.training.summary import WorkerResult
-
-
-class Launcher(Protocol):
-    """Runs ``master.num_workers`` workers of a spec and returns their results."""
-
-    driver_host: str  # the address workers reach the driver at
-    bind_host: str  # where the driver listens
-    threads_per_worker: int
-
-    def check_slots(self, num_workers: int) -> None:
-        """Fail fast when there is no room for ``num_workers`` workers at once."""
-
-    def run(self, spec: Any, secret: bytes) -> list[WorkerResult]:
-        """Run every worker to completion (blocking); raise on failure."""
-
-    def cancel(self) -> None:
-        """Stop the workers of a running :meth:`run` (called from another thread)."""
 
 
 class KerasFit:
@@ -145,3 +131,6 @@ class KerasFit:
         )
         self.last_fit = history
         return history
+
+
+__all__ = ["KerasFit", "Launcher"]

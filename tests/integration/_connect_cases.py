@@ -16,17 +16,20 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-LAUNCHER = "needs the mapInArrow launcher (wip-launcher)"
-
 
 @pytest.fixture(scope="module")
 def connect() -> Iterator[object]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # an ephemeral Connect port (the client reads it back from the local server only with
+    # SPARK_TESTING set), so that concurrent runs do not collide on 15002
+    os.environ["SPARK_TESTING"] = "1"
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.remote("local[2]")
+               .config("spark.connect.grpc.binding.port", "0")
+               .config("spark.stage.maxConsecutiveAttempts", "2")
                .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-    from sparkdl.session import is_connect
+    from sparkdl.spark.session import is_connect
 
     assert is_connect(session), type(session)
     yield session
@@ -154,7 +157,6 @@ def test_a_keras_model_stage_transforms_in_a_pipeline_and_round_trips(connect, t
     assert [int(r["prediction"]) for r in again] == expected.tolist()
 
 
-@pytest.mark.skip(reason=LAUNCHER)
 def test_fit_on_a_dataframe_trains(connect, digits):
     from sparkdl import DenseTrainingMaster, SparkModel
     from sparkdl.data.files import read_metadata
@@ -169,7 +171,6 @@ def test_fit_on_a_dataframe_trains(connect, digits):
     assert spark_model.evaluate(digits["test"]).accuracy() > 0.5
 
 
-@pytest.mark.skip(reason=LAUNCHER)
 def test_a_keras_estimator_pipeline_fits_and_transforms(connect):
     import keras
     from pyspark.ml import Pipeline
@@ -190,3 +191,29 @@ def test_a_keras_estimator_pipeline_fits_and_transforms(connect):
     out = pipeline.fit(df).transform(df).select("label", "prediction").collect()
     assert len(out) == len(rows)
     assert np.mean([r["label"] == r["prediction"] for r in out]) > 0.9
+
+
+def test_a_sharing_fit_keeps_replicas_identical_and_reports_failures_and_slots(connect, digits):
+    """The barrier stage, the tasks' structured failure records and the slot check, all
+    without a Spark context."""
+    import keras
+
+    from sparkdl import DenseTrainingMaster, SharedTrainingMaster, SparkModel
+    from sparkdl.errors import ConfigurationError, TrainingError
+
+    fit = SparkModel(connect, _mlp(), SharedTrainingMaster(num_workers=2)).fit(
+        digits["train"], epochs=2, verbose=0)
+    assert [w.rank for w in fit.workers] == [0, 1]
+    assert fit.workers[0].checksum == fit.workers[1].checksum  # replicas identical
+    assert fit.history["loss"][-1] < fit.history["loss"][0]
+
+    broken = _mlp()
+    broken.compile(optimizer=keras.optimizers.SGD(1e12), loss="sparse_categorical_crossentropy")
+    with pytest.raises(TrainingError) as failed:
+        SparkModel(connect, broken, DenseTrainingMaster(num_workers=2)).fit(
+            digits["train"], epochs=2, verbose=0)
+    error = str(failed.value)  # every attempt, rank, type and message, from the records
+    assert "non-finite loss" in error and "attempt 0, rank" in error, error
+    assert "TrainingError" in error and "attempt 1, rank" in error, error  # 2 stage attempts
+    with pytest.raises(ConfigurationError, match="num_workers=3 but Spark has only 2"):
+        SparkModel(connect, _mlp(), SharedTrainingMaster(num_workers=3)).fit(digits["train"])

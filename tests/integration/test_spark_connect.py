@@ -85,3 +85,7 @@ def test_every_connect_case_is_reported_here(outcomes):
     names = {line.split("(")[0][4:] for line in CASES.read_text().splitlines()
              if line.startswith("def test_")}
     assert names == set(outcomes), (names, set(outcomes))
+
+
+def test_a_sharing_fit_on_spark_connect_reports_failures_and_checks_slots(outcomes):
+    _check(outcomes, "test_a_sharing_fit_keeps_replicas_identical_and_reports_failures_and_slots")

@@ -1,0 +1,96 @@
+"""The executor program of the training stage: one barrier task per worker.
+
+Each task pins its GPUs, finds its peers through ``BarrierTaskContext.allGather``, opens the
+configured transport and runs :func:`sparkdl.training.task.run_task`; its result goes back
+to the driver as one Arrow row (rank, pickled :class:`~sparkdl.training.summary.WorkerResult`).
+A failure is recorded as a :class:`~sparkdl.spark.attempts.TaskFailure` before it propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import socket
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: The training stage's output: one row per worker.
+RESULT_SCHEMA = "rank int, result binary"
+
+
+def training_function(
+    spec_bytes: bytes, cluster: dict[str, Any], secret: bytes, attempts_uri: str
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of the training stage. Everything it needs travels in its
+    closure (cloudpickled with the function); ``spec_bytes`` is the cloudpickled spec, so
+    that a custom layer defined in ``__main__`` arrives by value."""
+
+    def train(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        for _ in batches:  # the stage's input is one row per task: its rank
+            pass
+        rank, result = _train(spec_bytes, cluster, secret, attempts_uri)
+        yield pa.RecordBatch.from_pydict(
+            {"rank": [rank], "result": [pickle.dumps(result)]},
+            schema=pa.schema([("rank", pa.int32()), ("result", pa.binary())]),
+        )
+
+    return train
+
+
+def _train(
+    spec_bytes: bytes, cluster: dict[str, Any], secret: bytes, attempts_uri: str
+) -> tuple[int, Any]:
+    from pyspark import BarrierTaskContext
+
+    from sparkdl.spark.attempts import AttemptLog, TaskFailure
+
+    context = BarrierTaskContext.get()
+    rank = context.partitionId()
+    infos = context.getTaskInfos()
+    address = infos[rank].address
+    try:
+        result = _run(context, rank, len(infos), address, spec_bytes, cluster, secret)
+    except BaseException as exc:
+        # a barrier stage attempt launches all its tasks at once, with consecutive task ids in
+        # partition order: task id - rank names the stage attempt (pyspark exposes no stage
+        # attempt number to Python)
+        AttemptLog(attempts_uri).record(
+            TaskFailure.of(context.taskAttemptId() - rank, rank, address, exc)
+        )
+        raise
+    result.executor_address = address
+    return rank, result
+
+
+def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
+         cluster: dict[str, Any], secret: bytes) -> Any:
+    from sparkdl.comm import create_communicator
+    from sparkdl.comm.network import parse_port_range
+    from sparkdl.gpu import pin_gpus, task_gpu_addresses
+    from sparkdl.training.task import run_task
+
+    gpus = task_gpu_addresses()
+    pin_gpus(gpus, role="train")  # before the spec (and TensorFlow with it) is loaded
+    spec = pickle.loads(spec_bytes)
+    host = address.rsplit(":", 1)[0]
+    with contextlib.suppress(OSError):
+        host = socket.gethostbyname(host)
+
+    def communicator() -> Any:
+        return create_communicator(
+            cluster["transport"], rank, world,
+            lambda message: list(context.allGather(message)),
+            secret=secret, timeout_s=cluster["timeout_s"],
+            network_mask=cluster["network_mask"], default_host=host,
+            port_range=parse_port_range(cluster["port_range"]),
+            wire_integrity=cluster["wire_integrity"],
+            topology=cluster.get("topology", "flat"), mesh=cluster.get("mesh", "plain"),
+            host_id=host,
+        )
+
+    return run_task(spec, communicator, secret=secret, gpus=gpus)
