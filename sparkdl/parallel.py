@@ -18,11 +18,11 @@ from sparkdl.comm import create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.gpu import pin_gpus, round_robin
-from sparkdl.training.launcher import KerasFit
+from sparkdl.training.driver import ChannelSettings, KerasFit
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
-    from sparkdl.training.driver import FitResult
+    from sparkdl.training.fit import FitResult
 
 
 class ParallelWrapper(KerasFit):
@@ -74,8 +74,8 @@ class ParallelWrapper(KerasFit):
     def _launcher(self) -> _ProcessLauncher:
         return _ProcessLauncher(self)
 
-    def _channel_settings(self) -> dict[str, Any]:
-        return {"timeout_s": self.timeout_s}
+    def _channel_settings(self) -> ChannelSettings:
+        return ChannelSettings(self.timeout_s)
 
 
 class _ProcessLauncher:

@@ -24,8 +24,8 @@ from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
 from sparkdl.storage import spark_uri
+from sparkdl.training.driver import ChannelSettings, KerasFit
 from sparkdl.training.elastic import ElasticEvent, ElasticPolicy, replan
-from sparkdl.training.launcher import KerasFit
 from sparkdl.training.masters import TrainingMaster
 from sparkdl.training.model_check import check_model_fits_shards
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from sparkdl.data.frames import FeaturesCol, LabelSpec
     from sparkdl.etl.normalizers import Normalizer
-    from sparkdl.training.driver import FitResult
+    from sparkdl.training.fit import FitOptions, FitResult
 
 log = logging.getLogger("sparkdl")
 
@@ -112,11 +112,6 @@ class SparkModel(KerasFit):
         :mod:`sparkdl.data.frames`). ``validation_data`` may be a DataFrame too. The other
         arguments are :meth:`KerasFit.fit`'s.
         """
-        if self.elastic is not None and not kwargs.get("checkpoint_dir"):
-            raise ConfigurationError(
-                "an elastic fit resumes from checkpoints: set checkpoint_dir "
-                "(training.checkpoint_dir)"
-            )
         if _is_dataframe(data):
             self.label_spec = None
             data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards)
@@ -137,6 +132,14 @@ class SparkModel(KerasFit):
             )
         return super().fit(data, epochs, validation_data=validation_data, **kwargs)
 
+    def fit_with(self, data: str, options: FitOptions) -> FitResult:
+        if self.elastic is not None and not options.checkpoint_dir:
+            raise ConfigurationError(
+                "an elastic fit resumes from checkpoints: set checkpoint_dir "
+                "(training.checkpoint_dir)"
+            )
+        return super().fit_with(data, options)
+
     def _shards_of(
         self, df: DataFrame, features_col: FeaturesCol, label_col: str,
         label_kind: str | None, store: str | None, keep_shards: bool, *, what: str = "fit()",
@@ -154,10 +157,11 @@ class SparkModel(KerasFit):
         label_kind: str | None, store: str | None, keep_shards: bool,
     ) -> str:
         from sparkdl.data.frames import label_spec, model_feature_shape, training_frame
-        from sparkdl.data.store import fingerprint, open_store
+        from sparkdl.data.store import fingerprint
         from sparkdl.data.writer import write_shards
+        from sparkdl.run_layout import RunLayout
 
-        run_store = open_store(store, keep=keep_shards)
+        run_store = RunLayout(store_dir=store).run_store(keep=keep_shards)
         run_store.check_reachable(self.spark.sparkContext.master)
         fitted = self.label_spec
         spec = label_spec(df, label_col, self.model, label_kind or (fitted and fitted.kind),
@@ -180,11 +184,10 @@ class SparkModel(KerasFit):
     def _launcher(self) -> _SparkLauncher:
         return _SparkLauncher(self)
 
-    def _channel_settings(self) -> dict[str, Any]:
+    def _channel_settings(self) -> ChannelSettings:
         from sparkdl.comm.network import parse_port_range
 
-        return {"timeout_s": self.cluster.timeout_s,
-                "port_range": parse_port_range(self.cluster.port_range)}
+        return ChannelSettings(self.cluster.timeout_s, parse_port_range(self.cluster.port_range))
 
     def _task_cpus(self) -> int:
         return int(self.spark.sparkContext.getConf().get("spark.task.cpus", "1"))
@@ -495,8 +498,8 @@ class _SparkLauncher:
 
         policy, wanted = self.elastic, len(spec.slices)
         assert policy is not None and spec.checkpoint is not None
-        store = CheckpointStore(spec.checkpoint["uri"])
-        spec = dataclasses.replace(spec, extra={**spec.extra, "elastic": True})
+        store = CheckpointStore(spec.checkpoint.uri)
+        spec = dataclasses.replace(spec, elastic=True)
         current, failures = spec, 0
         while True:
             try:
@@ -523,7 +526,7 @@ class _SparkLauncher:
                 log.warning("elastic fit: relaunching the training stage with %d worker(s) "
                             "(was %d) after: %s", new_world, world, exc)
                 if new_world != world:
-                    latest = store.latest(spec.checkpoint["run_id"])
+                    latest = store.latest(spec.checkpoint.run_id)
                     position = (latest.state.epoch, latest.state.step_in_epoch) if latest \
                         else (spec.initial_epoch, 0)
                     self.elastic_events.append(ElasticEvent(
@@ -552,7 +555,7 @@ class _SparkLauncher:
         # script or notebook defined in __main__ exists on no executor until it arrives
         spec_broadcast = sc.broadcast(CloudPickleSerializer().dumps(spec))
         num_workers = len(spec.slices)
-        attempts = AttemptLog.create(spec.checkpoint["uri"] if spec.checkpoint else None)
+        attempts = AttemptLog.create(spec.checkpoint.uri if spec.checkpoint else None)
         sc.setJobGroup(self._group, f"sparkdl fit ({self.mode}, {num_workers} workers)",
                        interruptOnCancel=True)
         try:
@@ -671,10 +674,12 @@ class AttemptLog:
     @classmethod
     def create(cls, checkpoint_uri: str | None) -> AttemptLog:
         import tempfile
-        import uuid
 
-        if checkpoint_uri:
-            return cls(f"{checkpoint_uri.rstrip('/')}/_attempts/{uuid.uuid4().hex[:12]}")
+        from sparkdl.run_layout import RunLayout
+
+        uri = RunLayout(checkpoint_dir=checkpoint_uri).attempts_uri()
+        if uri is not None:
+            return cls(uri)
         tmp = tempfile.mkdtemp(prefix="sparkdl-attempts-")
         return cls(f"file://{tmp}", owned_dir=tmp)
 

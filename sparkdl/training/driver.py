@@ -1,10 +1,13 @@
 """The driver's side of a fit, shared by every launcher (Spark barrier stage, local processes).
 
-:func:`run_fit` checks the arguments, builds the :class:`~sparkdl.training.worker.WorkerSpec`
-once, opens the event channel, runs the workers through a :class:`Launcher` on a background
-thread while the driver's Keras callbacks run on the calling thread from the workers' events,
-and returns a Keras :class:`~keras.callbacks.History` (:class:`FitResult`) with the trained
-model. ``SparkModel`` and ``ParallelWrapper`` differ only in their launcher.
+:class:`KerasFit` is the Keras-shaped ``fit`` of ``SparkModel`` and ``ParallelWrapper``: it
+builds the :class:`~sparkdl.training.fit.FitOptions` once and calls :func:`run_fit`, which
+checks them, builds the :class:`~sparkdl.training.worker.WorkerSpec` once, opens the event
+channel, runs the workers through a :class:`~sparkdl.training.launcher.Launcher` on a
+background thread while the driver's Keras callbacks run on the calling thread from the
+workers' events, and returns a :class:`~sparkdl.training.fit.FitResult` (Keras's ``History``
+plus the job's metrics) with the trained model. ``SparkModel`` and ``ParallelWrapper`` differ
+only in their launcher.
 """
 
 from __future__ import annotations
@@ -16,101 +19,43 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
+from sparkdl.training.fit import FitOptions, FitResult
 from sparkdl.training.launcher import Launcher
 from sparkdl.training.summary import WorkerResult, dense_bytes_per_step, summarize_fit
+
+if TYPE_CHECKING:
+    from sparkdl.comm.channel import Message
+    from sparkdl.training.events import DriverCallbacks
+    from sparkdl.training.masters import TrainingMaster
+    from sparkdl.training.worker import CheckpointSpec, ValidationSpec, WorkerSpec
 
 log = logging.getLogger("sparkdl")
 
 
-class FitResult(keras.callbacks.History):
-    """What ``fit`` returns: Keras's ``History`` (``history``, ``epoch``, ``params``,
-    ``model``) plus the job's measurements (``metrics``) and each worker's result."""
+@dataclass(frozen=True)
+class ChannelSettings:
+    """The driver's event channel: how long a worker waits for it, and the ports it may
+    listen on (``None``: any)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.epoch: list[int] = []
-        self.metrics: dict[str, Any] = {}
-        self.workers: list[WorkerResult] = []
-
-
-@dataclass
-class FitOptions:
-    """``fit``'s arguments beyond the data, checked once (see ``SparkModel.fit``)."""
-
-    epochs: int = 1
-    validation_data: str | None = None
-    validation_freq: int = 1
-    validation_batch_size: int = 256
-    callbacks: Sequence[keras.callbacks.Callback] | None = None
-    verbose: int | str = "auto"
-    initial_epoch: int = 0
-    shuffle: bool = True
-    log_every_steps: int | None = None
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 1
-    checkpoint_unit: str = "epochs"
-    resume: bool = False
-    prefetch: int = 4
-    decode_threads: int = 2
-    timeline: str | None = None
-
-    def check(self) -> None:
-        for name in ("epochs", "validation_freq", "validation_batch_size", "checkpoint_every",
-                     "prefetch", "decode_threads"):
-            _positive_int(name, getattr(self, name))
-        if isinstance(self.initial_epoch, bool) or not isinstance(self.initial_epoch, int) or (
-            not 0 <= self.initial_epoch < self.epochs
-        ):
-            raise ConfigurationError(
-                f"initial_epoch must be an integer in [0, epochs={self.epochs}), "
-                f"got {self.initial_epoch!r}"
-            )
-        if self.log_every_steps is not None and (
-            isinstance(self.log_every_steps, bool) or not isinstance(self.log_every_steps, int)
-            or self.log_every_steps < 0
-        ):
-            raise ConfigurationError(
-                f"log_every_steps must be an integer >= 0, got {self.log_every_steps!r}"
-            )
-        if self.validation_data is not None and not isinstance(self.validation_data, str):
-            raise ConfigurationError(
-                "validation_data must be the URI of a shard directory, got "
-                f"{type(self.validation_data).__name__}"
-            )
-        for callback in self.callbacks or ():
-            if not isinstance(callback, keras.callbacks.Callback):
-                raise ConfigurationError(
-                    f"callbacks must be keras.callbacks.Callback instances, got "
-                    f"{type(callback).__name__}"
-                )
-        if self.resume and not self.checkpoint_dir:
-            raise ConfigurationError("resume=True needs a checkpoint_dir to resume from")
-        if self.timeline is not None:
-            if not isinstance(self.timeline, str) or not self.timeline.strip():
-                raise ConfigurationError(
-                    f"timeline must be a directory URI, got {self.timeline!r}"
-                )
-            from sparkdl.storage import resolve
-
-            resolve(self.timeline)  # an unknown filesystem fails here, naming the URI
+    timeout_s: float = 120.0
+    port_range: tuple[int, int] | None = None
 
 
 def run_fit(
     model: keras.Model,
-    master: Any,
+    master: TrainingMaster,
     launcher: Launcher,
     data_uri: str,
     options: FitOptions,
     *,
-    custom_objects: dict[str, Any] | None = None,
-    timeout_s: float = 120.0,
-    port_range: tuple[int, int] | None = None,
+    custom_objects: dict[str, object] | None = None,
+    channel: ChannelSettings = ChannelSettings(),
 ) -> tuple[FitResult, keras.Model]:
     """Train ``model`` with ``master``'s workers on ``launcher``; returns the history and the
     trained model (rank 0's)."""
@@ -126,7 +71,7 @@ def run_fit(
     metadata = read_metadata(data_uri)
     launcher.check_slots(master.num_workers)
     validation = _validation_spec(options) if options.validation_data else None
-    checkpoint = _checkpoint_settings(options)
+    checkpoint = _checkpoint_spec(options)
     callbacks = list(options.callbacks or [])
     log_every = options.log_every_steps
     spec = make_worker_spec(
@@ -145,6 +90,7 @@ def run_fit(
     history = FitResult()
     params = {"verbose": verbose, "epochs": options.epochs, "steps": spec.steps_per_epoch}
     driver = DriverCallbacks(model, callbacks, history, params)
+    timeout_s = channel.timeout_s
     secret = secrets.token_bytes(32)
     log.info(
         "fit: %s, %d workers x batch %d, %d steps/epoch, epochs %d-%d%s",
@@ -153,7 +99,7 @@ def run_fit(
         f", validation every {options.validation_freq} epoch(s)" if validation else "",
     )
     with ChannelServer(secret, bind_host=launcher.bind_host,
-                       advertise_host=launcher.driver_host, port_range=port_range,
+                       advertise_host=launcher.driver_host, port_range=channel.port_range,
                        timeout_s=timeout_s, max_blob=8 * num_parameters + (64 << 20)) as server:
         spec.events = EventsSpec(server.address, log_every_steps=log_every,
                                  send_weights=needs_weights(callbacks), timeout_s=timeout_s)
@@ -162,42 +108,144 @@ def run_fit(
         results = _run_with_events(launcher, spec, secret, server.inbox, driver)
         wall = time.perf_counter() - started
     results.sort(key=lambda r: r.rank)
+    assert results[0].model_bytes is not None  # rank 0 returns the model
     final = model_from_bytes(results[0].model_bytes, custom_objects)
     for result in results:
         result.model_bytes = None
-    elastic = getattr(launcher, "elastic", None) is not None
-    events = [e.to_dict() for e in getattr(launcher, "elastic_events", [])]
     steps_per_epoch = spec.steps_per_epoch
     if len(results) != len(spec.slices):  # an elastic fit ended with another world size
         from sparkdl.training.elastic import replan
 
         steps_per_epoch = replan(spec, len(results)).steps_per_epoch
     history.metrics = summarize_fit(results, master, steps_per_epoch, wall)
-    if elastic:
-        history.metrics["elastic_events"] = events
+    if getattr(launcher, "elastic", None) is not None:
+        events = list(getattr(launcher, "elastic_events", []))
+        history.metrics.elastic_events = [event.to_dict() for event in events]
         for event in events:
             log.warning("elastic fit: continued at epoch %d, step %d with %d workers instead "
-                        "of %d (%s)", event["epoch"], event["step"], event["to_workers"],
-                        event["from_workers"], event["cause"])
+                        "of %d (%s)", event.epoch, event.step, event.to_workers,
+                        event.from_workers, event.cause)
     history.workers = results
     driver.train_end(final)
-    if history.metrics.get("resumed_from"):
-        log.warning("fit resumed from checkpoint %s", history.metrics["resumed_from"])
+    if history.metrics.resumed_from:
+        log.warning("fit resumed from checkpoint %s", history.metrics.resumed_from)
     return history, final
 
 
+class KerasFit:
+    """``fit`` as Keras's, shared by ``SparkModel`` and ``ParallelWrapper``: a class that
+    holds ``model``, ``training_master`` and ``custom_objects`` and makes a
+    :class:`Launcher`."""
+
+    model: keras.Model
+    training_master: TrainingMaster
+    custom_objects: dict[str, object] | None
+    last_fit: FitResult | None
+
+    def _launcher(self) -> Launcher:
+        raise NotImplementedError
+
+    def _channel_settings(self) -> ChannelSettings:
+        """The driver's event channel."""
+        raise NotImplementedError
+
+    def fit(
+        self,
+        data: str,
+        epochs: int = 1,
+        *,
+        validation_data: str | None = None,
+        validation_freq: int = 1,
+        validation_batch_size: int = 256,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
+        verbose: int | str = "auto",
+        initial_epoch: int = 0,
+        shuffle: bool = True,
+        log_every_steps: int | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
+        checkpoint_unit: str = "epochs",
+        resume: bool = False,
+        prefetch: int = 4,
+        decode_threads: int = 2,
+        timeline: str | None = None,
+    ) -> FitResult:
+        """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
+
+        Returns a :class:`keras.callbacks.History` (``history.history`` holds ``loss``, every
+        compiled metric, ``val_*`` and sparkdl's per-epoch figures) that also carries the job's
+        measurements (``.metrics``); the trained model replaces :attr:`model`.
+
+        Args:
+            data: URI of the training shards (written by the ETL / ``write_shards``).
+            epochs: train until this epoch index (Keras semantics, with ``initial_epoch``).
+            validation_data: URI of validation shards, evaluated distributed at the end of
+                every ``validation_freq``-th epoch (``val_loss`` and ``val_<metric>``).
+            callbacks: Keras callbacks; they run on the driver. Hooks that fire:
+                ``on_train_begin/end``, ``on_epoch_begin/end`` (with the epoch's figures
+                combined over all workers), ``on_test_begin/end`` (validation figures),
+                ``on_train_batch_end`` every ``log_every_steps`` steps (rank 0's running
+                figures). ``model.stop_training`` and a new learning rate set by a callback
+                take effect on every worker before the next epoch.
+            verbose: 0 silent, 1 progress bar, 2 one line per epoch; ``"auto"`` is 1 in a
+                terminal or notebook, else 2.
+            log_every_steps: batch events every this many steps (``None``: enough for the bar).
+            checkpoint_dir: rank 0 checkpoints there every ``checkpoint_every`` epochs (or
+                steps, ``checkpoint_unit="steps"``); a retried stage resumes from the latest
+                checkpoint, and ``resume=True`` continues a fit that was killed as a whole.
+            prefetch, decode_threads: row groups each worker's reader decodes ahead, on how
+                many threads (DL4J's ``workerPrefetchNumBatches``).
+            timeline: a directory URI: every worker writes a Chrome trace of its steps there,
+                ``rank-<N>.json`` (see :mod:`sparkdl.training.timeline`); the files' URIs are
+                in ``history.metrics["timeline"]``.
+        """
+        return self.fit_with(data, FitOptions(
+            epochs=epochs, validation_data=validation_data, validation_freq=validation_freq,
+            validation_batch_size=validation_batch_size, callbacks=callbacks, verbose=verbose,
+            initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
+            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
+            decode_threads=decode_threads, timeline=timeline,
+        ))
+
+    def fit_with(self, data: str, options: FitOptions) -> FitResult:
+        """:meth:`fit` with its options built already (e.g.
+        :meth:`FitOptions.from_training_config`)."""
+        if not isinstance(data, str):
+            raise ConfigurationError(
+                f"fit() takes the URI of a shard directory, got {type(data).__name__}"
+            )
+        from sparkdl.data.metadata import load_metadata
+        from sparkdl.training.model_check import check_model_fits_shards
+
+        for uri in (data, options.validation_data):  # on the driver, before any task starts
+            if isinstance(uri, str):
+                check_model_fits_shards(self.model, load_metadata(uri), uri)
+        history, self.model = run_fit(
+            self.model, self.training_master, self._launcher(), data, options,
+            custom_objects=self.custom_objects, channel=self._channel_settings(),
+        )
+        self.last_fit = history
+        return history
+
+
 def _run_with_events(
-    launcher: Launcher, spec: Any, secret: bytes, inbox: queue.Queue[Any], driver: Any
+    launcher: Launcher,
+    spec: WorkerSpec,
+    secret: bytes,
+    inbox: queue.Queue[Message],
+    driver: DriverCallbacks,
 ) -> list[WorkerResult]:
     """Run the launcher on a thread; meanwhile this thread serves the workers' events (so the
     Keras callbacks run where the user called ``fit``)."""
-    outcome: dict[str, Any] = {}
+    results: list[list[WorkerResult]] = []
+    errors: list[BaseException] = []
 
     def work() -> None:
         try:
-            outcome["results"] = launcher.run(spec, secret)
+            results.append(launcher.run(spec, secret))
         except BaseException as exc:  # handed to the calling thread
-            outcome["error"] = exc
+            errors.append(exc)
 
     thread = threading.Thread(target=work, name="sparkdl-fit", daemon=True)
     thread.start()
@@ -213,12 +261,12 @@ def _run_with_events(
         thread.join(timeout=60)
         raise
     thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["results"]
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
-def _validation_spec(options: FitOptions) -> Any:
+def _validation_spec(options: FitOptions) -> ValidationSpec:
     from sparkdl.data.files import read_metadata
     from sparkdl.training.worker import ValidationSpec
 
@@ -229,18 +277,13 @@ def _validation_spec(options: FitOptions) -> Any:
                           options.validation_batch_size, options.validation_freq)
 
 
-def _checkpoint_settings(options: FitOptions) -> dict[str, Any] | None:
+def _checkpoint_spec(options: FitOptions) -> CheckpointSpec | None:
     if not options.checkpoint_dir:
         return None
     from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore
+    from sparkdl.training.worker import CheckpointSpec
 
     policy = CheckpointPolicy(options.checkpoint_dir, options.checkpoint_every,
                               options.checkpoint_unit)
     run_id = CheckpointStore(options.checkpoint_dir).start_run(options.resume)
-    return {**vars(policy), "run_id": run_id}
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
-
+    return CheckpointSpec(policy, run_id)
