@@ -48,7 +48,7 @@ class ParameterAveragingExchange(UpdateExchange):
         y_pred = self.model(x, training=False)
         return self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=False)
 
-    def _train_step_fn(self, x: tf.Tensor, y: tf.Tensor):
+    def _train_step_fn(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
         variables = self.model.trainable_variables

@@ -105,7 +105,7 @@ class GradientSharingExchange(UpdateExchange):
 
     # Graphs -----------------------------------------------------------------------------
 
-    def _update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
+    def _update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool) -> tuple[tf.Tensor, ...]:
         """The optimizer's update of this batch (one flat vector, or one piece per variable
         with ``flat=False``) and whether it is finite; the weights are W again afterwards
         (``u = v - w``, then ``v`` shares ``w``'s buffer until the next optimizer step)."""
@@ -123,7 +123,9 @@ class GradientSharingExchange(UpdateExchange):
             return loss, tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0), finite
         return loss, pieces, finite
 
-    def _fused_update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
+    def _fused_update_graph(
+        self, x: tf.Tensor, y: tf.Tensor, flat: bool
+    ) -> tuple[tf.Tensor, ...]:
         """:meth:`_update_graph` with the optimizer writing the update into variables of its
         own, ``U``: the weights stay W. A non-finite update leaves ``U`` zero (the step ends
         before the encode; the optimizer's state has taken the step, as in the fallback).
@@ -136,6 +138,7 @@ class GradientSharingExchange(UpdateExchange):
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, variables)]
         updates = self._updates
+        assert updates is not None  # the fused path has them
         # on the host, encode zeroes U in place; on a device, U is zeroed here
         pieces = updates.apply(grads, zero=self._views is None)
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(p)) for p in pieces])
@@ -174,7 +177,8 @@ class GradientSharingExchange(UpdateExchange):
             start, stop = bounds[i], bounds[i + 1]
             current = tf.convert_to_tensor(variable if shared is None else shared)
 
-            def scatter(current=current, start=start, stop=stop, offset=offset):
+            def scatter(current: tf.Tensor = current, start: tf.Tensor = start,
+                        stop: tf.Tensor = stop, offset: int = offset) -> tf.Tensor:
                 local = index[start:stop] - offset
                 flat = tf.reshape(current, [-1])
                 return tf.reshape(
@@ -228,7 +232,8 @@ class GradientSharingExchange(UpdateExchange):
                 del reads  # held reads would make TensorFlow copy W before adding
                 self._add_dense_fn(self._sum)
             else:
-                self._add_sparse(*sparse, reads)
+                index, values = sparse
+                self._add_sparse(index, values, reads)
         self.last_stats = stats
         return {
             "tau": float(stats.tau),
