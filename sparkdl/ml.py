@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     import keras
     from pyspark.sql import DataFrame
 
-    from sparkdl.training.fit import FitResult
+    from sparkdl.training.driver import FitResult
 
 CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
 

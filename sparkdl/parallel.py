@@ -18,11 +18,12 @@ from sparkdl.comm import create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.gpu import pin_gpus, round_robin
-from sparkdl.training.driver import ChannelSettings, KerasFit
+from sparkdl.training.keras_fit import KerasFit
+from sparkdl.training.launcher import ChannelSettings
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
-    from sparkdl.training.fit import FitResult
+    from sparkdl.training.driver import FitResult
 
 
 class ParallelWrapper(KerasFit):

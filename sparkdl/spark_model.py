@@ -24,8 +24,9 @@ from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
 from sparkdl.storage import spark_uri
-from sparkdl.training.driver import ChannelSettings, KerasFit
 from sparkdl.training.elastic import ElasticEvent, ElasticPolicy, replan
+from sparkdl.training.keras_fit import KerasFit
+from sparkdl.training.launcher import ChannelSettings
 from sparkdl.training.masters import TrainingMaster
 from sparkdl.training.model_check import check_model_fits_shards
 
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
     from sparkdl.data.frames import FeaturesCol, LabelSpec
     from sparkdl.etl.normalizers import Normalizer
-    from sparkdl.training.fit import FitOptions, FitResult
+    from sparkdl.training.driver import FitResult
+    from sparkdl.training.fit import FitOptions
 
 log = logging.getLogger("sparkdl")
 

@@ -1,6 +1,5 @@
-"""What a fit takes and returns, spelled once: :class:`FitOptions` (``fit``'s arguments beyond
-the data, built from ``fit()``'s keywords or a job's ``training`` section) and
-:class:`FitResult` (Keras's ``History`` plus the job's :class:`FitMetrics`)."""
+"""What a fit takes, spelled once: :class:`FitOptions`, ``fit``'s arguments beyond the data,
+built from ``fit()``'s keywords or a job's ``training`` section (imports no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -8,26 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import keras
-
 from sparkdl.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    import keras
+
     from sparkdl.config import TrainingConfig
-    from sparkdl.training.summary import FitMetrics, WorkerResult
-
-
-class FitResult(keras.callbacks.History):
-    """What ``fit`` returns: Keras's ``History`` (``history``, ``epoch``, ``params``,
-    ``model``) plus the job's measurements (``metrics``, set when the fit ends) and each
-    worker's result."""
-
-    metrics: FitMetrics
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.epoch: list[int] = []
-        self.workers: list[WorkerResult] = []
 
 
 @dataclass
@@ -80,6 +65,8 @@ class FitOptions:
         )
 
     def check(self) -> None:
+        import keras
+
         for name in ("epochs", "validation_freq", "validation_batch_size", "checkpoint_every",
                      "prefetch", "decode_threads"):
             _positive_int(name, getattr(self, name))

@@ -4,11 +4,21 @@ the workers of a :class:`~sparkdl.training.worker.WorkerSpec` — a barrier-mode
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from sparkdl.training.summary import WorkerResult
     from sparkdl.training.worker import WorkerSpec
+
+
+@dataclass(frozen=True)
+class ChannelSettings:
+    """The driver's event channel: how long a worker waits for it, and the ports it may
+    listen on (``None``: any)."""
+
+    timeout_s: float = 120.0
+    port_range: tuple[int, int] | None = None
 
 
 class Launcher(Protocol):

@@ -1,5 +1,5 @@
 """The typed driver→worker seam without TensorFlow: FitMetrics (metrics.json's document),
-the worker loop's CallbackList, FitOptions from a job's training section."""
+the worker loop's CallbackList, FitOptions from a job's training section, imports."""
 
 from __future__ import annotations
 
@@ -104,3 +104,17 @@ def test_fit_options_from_a_jobs_training_section(tmp_path) -> None:
     assert options.timeline == (tmp_path / "trace").as_uri()
     assert (options.prefetch, options.validation_freq, options.log_every_steps) == (7, 2, 5)
     assert options.resume and options.validation_data == "file:///v"
+
+
+def test_the_launchers_and_the_seam_import_no_tensorflow() -> None:
+    """Executors import ``sparkdl.spark_model`` to evaluate and predict: TensorFlow must load
+    only where a task trains or predicts."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sparkdl.spark_model, sparkdl.parallel, sparkdl.training.keras_fit, "
+            "sparkdl.training.fit, sparkdl.training.launcher, sparkdl.run_layout; "
+            "print(sorted(m for m in ('keras', 'tensorflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"
