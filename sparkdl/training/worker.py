@@ -420,7 +420,7 @@ def _worker_state(exchange: UpdateExchange) -> bytes:
 
     buffer = io.BytesIO()
     arrays = {key: np.asarray(value) for key, value in exchange.get_state().items()}
-    np.savez(buffer, allow_pickle=False, **arrays)
+    np.savez(buffer, allow_pickle=True, **arrays)  # numpy's default, spelled for mypy
     return buffer.getvalue()
 
 
