@@ -114,6 +114,7 @@ class SparkModel(KerasFit):
         :mod:`sparkdl.data.frames`). ``validation_data`` may be a DataFrame too. The other
         arguments are :meth:`KerasFit.fit`'s.
         """
+        self._check_elastic(kwargs.get("checkpoint_dir"))  # before any shards are written
         if _is_dataframe(data):
             self.label_spec = None
             data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards)
@@ -135,12 +136,15 @@ class SparkModel(KerasFit):
         return super().fit(data, epochs, validation_data=validation_data, **kwargs)
 
     def fit_with(self, data: str, options: FitOptions) -> FitResult:
-        if self.elastic is not None and not options.checkpoint_dir:
+        self._check_elastic(options.checkpoint_dir)
+        return super().fit_with(data, options)
+
+    def _check_elastic(self, checkpoint_dir: str | None) -> None:
+        if self.elastic is not None and not checkpoint_dir:
             raise ConfigurationError(
                 "an elastic fit resumes from checkpoints: set checkpoint_dir "
                 "(training.checkpoint_dir)"
             )
-        return super().fit_with(data, options)
 
     def _shards_of(
         self, df: DataFrame, features_col: FeaturesCol, label_col: str,
