@@ -36,19 +36,10 @@ def emit_result(result: Any, json_out: str | None = None) -> None:
     """Print ``result`` as one JSON line on stdout; with ``json_out``, also write it there."""
     text = json.dumps(result, default=str)
     if json_out is not None:
+        from sparkdl.storage import write_text_atomically
+
         write_text_atomically(Path(json_out), text + "\n")
     print(text, flush=True)
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def fail(command: str, message: str) -> int:

@@ -44,6 +44,7 @@ from pyspark.ml.util import (
 from sparkdl.config import TrainingConfig, describe_validation_error
 from sparkdl.data.metadata import join, resolve
 from sparkdl.errors import ConfigurationError
+from sparkdl.run_layout import MODEL_FILE
 from sparkdl.storage import move_dir
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
     from sparkdl.training.driver import FitResult
 
-MODEL_FILE = "model.keras"
 CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
 
 log = logging.getLogger("sparkdl")

@@ -18,7 +18,8 @@ from sparkdl.comm import MESH_MODES, create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.gpu import pin_gpus, round_robin
-from sparkdl.training.launcher import KerasFit
+from sparkdl.training.keras_fit import KerasFit
+from sparkdl.training.launcher import ChannelSettings
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
@@ -81,8 +82,8 @@ class ParallelWrapper(KerasFit):
     def _launcher(self) -> _ProcessLauncher:
         return _ProcessLauncher(self)
 
-    def _channel_settings(self) -> dict[str, Any]:
-        return {"timeout_s": self.timeout_s}
+    def _channel_settings(self) -> ChannelSettings:
+        return ChannelSettings(self.timeout_s)
 
 
 class _ProcessLauncher:

@@ -23,16 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.errors import DataError
+from sparkdl.run_layout import EVALUATION_FILE, METRICS_FILE, REPORT_FILE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from sparkdl.evaluation import Evaluation
 
-METRICS_FILE = "metrics.json"
-EVALUATION_FILE = "evaluation.json"
-REPORT_FILE = "report.html"
-HISTORY_FILE = "history.csv"
 
 #: Seconds per epoch by phase (mean over workers), stacked in the phase plot in this order.
 PHASES = ("compute_s", "encode_s", "communicate_s", "decode_s", "apply_s", "data_wait_s")
@@ -133,17 +130,13 @@ def write_history_csv(
     numbers = list(epochs) if epochs is not None else list(range(count))
     if len(numbers) != count:
         raise DataError(f"{len(numbers)} epoch numbers for a history of {count} epochs")
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["epoch", *aligned])
-            for row, epoch in enumerate(numbers):
-                writer.writerow([int(epoch), *(_cell(v[row]) for v in aligned.values())])
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    from sparkdl.storage import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["epoch", *aligned])
+        for row, epoch in enumerate(numbers):
+            writer.writerow([int(epoch), *(_cell(v[row]) for v in aligned.values())])
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], Evaluation | None]:
@@ -208,13 +201,10 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
 def write_report(run_dir: str | os.PathLike[str]) -> Path:
     """Write ``run_dir/report.html`` atomically and return its path."""
     page = build_report(run_dir)
+    from sparkdl.storage import write_text_atomically
+
     path = Path(run_dir).resolve() / REPORT_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomically(path, page)
     return path
 
 

@@ -15,10 +15,8 @@ directory is removed on :meth:`~RunOutput.close`.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +31,8 @@ from sparkdl.storage import (
     exists,
     local_path,
     make_dirs,
+    remove_path,
+    replace_path,
     resolve,
     upload,
 )
@@ -157,12 +157,12 @@ class RunOutput:
         else:
             (self.dir / name).unlink()
         if self.remote:
-            _remove_local(self.dir / name)  # the local copy of what was fetched
+            remove_path(self.dir / name)  # the local copy of what was fetched
 
     def _put(self, name: str, marker: str | None) -> None:
         source = self.staging / name
         if not self.remote:
-            _replace_local(source, self.dir / name)
+            replace_path(source, self.dir / name)
             return
         target = child(self.uri, name)
         if not source.is_dir():
@@ -175,7 +175,7 @@ class RunOutput:
                 upload(file, child(target, file.relative_to(source).as_posix()))
             if marker:
                 upload(source / marker, child(target, marker))
-        _replace_local(source, self.dir / name)  # later fetches see what was published
+        replace_path(source, self.dir / name)  # later fetches see what was published
 
     def close(self) -> None:
         """Remove the staging directory and, for a remote ``output.dir``, the local copy (a
@@ -193,25 +193,6 @@ class RunOutput:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _replace_local(source: Path, target: Path) -> None:
-    """Rename ``source`` to ``target`` on one filesystem; a directory replaces the old one
-    through a hidden name, so ``target`` is the old or the new directory, never a mix."""
-    if source.is_dir() and target.exists():
-        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:12]}")
-        os.replace(target, old)
-        os.replace(source, target)
-        _remove_local(old)
-    else:
-        os.replace(source, target)
-
-
-def _remove_local(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
 
 
 def _make_local_dir(path: Path, uri: str, key: str) -> None:

@@ -17,7 +17,8 @@ from sparkdl.errors import ConfigurationError
 from sparkdl.evaluation.plan import EvaluationRequest
 from sparkdl.storage import spark_uri
 from sparkdl.training.elastic import ElasticPolicy
-from sparkdl.training.launcher import KerasFit
+from sparkdl.training.keras_fit import KerasFit
+from sparkdl.training.launcher import ChannelSettings
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from sparkdl.etl.normalizers import Normalizer
     from sparkdl.spark.launcher import SparkLauncher
     from sparkdl.training.driver import FitResult
+    from sparkdl.training.fit import FitOptions
 
 log = logging.getLogger("sparkdl")
 
@@ -113,11 +115,7 @@ class SparkModel(KerasFit):
         ``sample_weight``, Horovod's ``sample_weight_col``), of the training DataFrame and of a
         validation DataFrame. The other arguments are :meth:`KerasFit.fit`'s.
         """
-        if self.elastic is not None and not kwargs.get("checkpoint_dir"):
-            raise ConfigurationError(
-                "an elastic fit resumes from checkpoints: set checkpoint_dir "
-                "(training.checkpoint_dir)"
-            )
+        self._check_elastic(kwargs.get("checkpoint_dir"))  # before any shards are written
         if _is_dataframe(data):
             self.label_spec = None
             data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards,
@@ -139,6 +137,17 @@ class SparkModel(KerasFit):
             )
         return super().fit(data, epochs, validation_data=validation_data, **kwargs)
 
+    def fit_with(self, data: str, options: FitOptions) -> FitResult:
+        self._check_elastic(options.checkpoint_dir)
+        return super().fit_with(data, options)
+
+    def _check_elastic(self, checkpoint_dir: str | None) -> None:
+        if self.elastic is not None and not checkpoint_dir:
+            raise ConfigurationError(
+                "an elastic fit resumes from checkpoints: set checkpoint_dir "
+                "(training.checkpoint_dir)"
+            )
+
     def _shards_of(
         self, df: DataFrame, features_col: FeaturesCol, label_col: str,
         label_kind: str | None, store: str | None, keep_shards: bool, *, what: str = "fit()",
@@ -158,11 +167,12 @@ class SparkModel(KerasFit):
         weight_col: str | None = None,
     ) -> str:
         from sparkdl.data.frames import label_spec, model_feature_shape, training_frame
-        from sparkdl.data.store import fingerprint, open_store
+        from sparkdl.data.store import fingerprint
         from sparkdl.data.writer import write_shards
+        from sparkdl.run_layout import RunLayout
         from sparkdl.spark.session import master
 
-        run_store = open_store(store, keep=keep_shards)
+        run_store = RunLayout(store_dir=store).run_store(keep=keep_shards)
         run_store.check_reachable(master(self.spark))
         fitted = self.label_spec
         spec = label_spec(df, label_col, self.model, label_kind or (fitted and fitted.kind),
@@ -190,11 +200,10 @@ class SparkModel(KerasFit):
                              elastic=self.elastic, task_cpus=self.task_cpus,
                              task_gpus=self.task_gpus)
 
-    def _channel_settings(self) -> dict[str, Any]:
+    def _channel_settings(self) -> ChannelSettings:
         from sparkdl.comm.network import parse_port_range
 
-        return {"timeout_s": self.cluster.timeout_s,
-                "port_range": parse_port_range(self.cluster.port_range)}
+        return ChannelSettings(self.cluster.timeout_s, parse_port_range(self.cluster.port_range))
 
     def _task_cpus(self) -> int:
         from sparkdl.spark.session import task_cpus

@@ -9,32 +9,41 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import sys
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.config import JobConfig
 from sparkdl.errors import DataError
-from sparkdl.report import HISTORY_FILE, REPORT_FILE, write_history_csv, write_report
+from sparkdl.report import write_history_csv, write_report
+from sparkdl.run_layout import (
+    EVALUATION_FILE,
+    HISTORY_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    PREDICTIONS_DIR,
+    PREDICTIONS_MARKER,
+    REPORT_FILE,
+    SAVEDMODEL_DIR,
+    SAVEDMODEL_MARKER,
+    RunLayout,
+)
 from sparkdl.run_output import RunOutput
-from sparkdl.storage import as_uri, configure_s3, spark_uri
+from sparkdl.storage import (
+    as_uri,
+    atomic_path,
+    configure_s3,
+    spark_uri,
+    write_text_atomically,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("sparkdl")
 
-MODEL_FILE = "model.keras"
-METRICS_FILE = "metrics.json"
-EVALUATION_FILE = "evaluation.json"
-PREDICTIONS_DIR = "predictions"
-PREDICTIONS_MARKER = "_sparkdl_predictions.json"
-SAVEDMODEL_DIR = "savedmodel"
 #: The file that marks each output directory as sparkdl's (what TF Serving looks for).
-MARKERS = {SAVEDMODEL_DIR: "saved_model.pb", PREDICTIONS_DIR: PREDICTIONS_MARKER}
+MARKERS = {SAVEDMODEL_DIR: SAVEDMODEL_MARKER, PREDICTIONS_DIR: PREDICTIONS_MARKER}
 #: What the train stage removes when it publishes a new model: the old one's figures (and
 #: its SavedModel, when the new one is not exported).
 STALE_AFTER_TRAIN = (EVALUATION_FILE, PREDICTIONS_DIR)
@@ -43,7 +52,7 @@ STALE_AFTER_TRAIN = (EVALUATION_FILE, PREDICTIONS_DIR)
 def output_dir(config: JobConfig) -> RunOutput:
     """``output.dir`` (any filesystem) as a :class:`RunOutput`, created if needed; one clear
     error naming the key and the location if it cannot be."""
-    return RunOutput(config.output.dir)
+    return RunLayout.from_config(config).output()
 
 
 def configure_storage(config: JobConfig, spark: SparkSession) -> None:
@@ -53,8 +62,9 @@ def configure_storage(config: JobConfig, spark: SparkSession) -> None:
 
 
 def shard_uris(config: JobConfig) -> tuple[str, str]:
-    base = as_uri(config.data.dir).rstrip("/")
-    return f"{base}/train", f"{base}/test"
+    """The ETL's train and test shards (:class:`RunLayout`)."""
+    layout = RunLayout.from_config(config)
+    return layout.train_shards, layout.test_shards
 
 
 def validation_uri(config: JobConfig) -> str | None:
@@ -115,6 +125,7 @@ def _train(
     from sparkdl.data.files import read_metadata
     from sparkdl.models import build_model
     from sparkdl.spark_model import SparkModel
+    from sparkdl.training.fit import FitOptions
     from sparkdl.training.masters import master_from_training_config
 
     metadata = read_metadata(train_uri)
@@ -142,28 +153,12 @@ def _train(
 
         callbacks.append(TensorBoardScalars(as_uri(training.tensorboard_dir),
                                             update_freq=training.log_every_steps or None))
-    fit = spark_model.fit(
-        train_uri,
-        epochs=training.epochs,
-        callbacks=callbacks,
-        validation_data=validation_uri(config),
-        validation_freq=training.validation_freq,
-        verbose=training.verbose,
-        log_every_steps=training.log_every_steps,
-        checkpoint_dir=as_uri(training.checkpoint_dir) if training.checkpoint_dir else None,
-        checkpoint_every=training.checkpoint_every,
-        checkpoint_unit=training.checkpoint_unit,
-        resume=resume,
-        prefetch=training.prefetch,
-        decode_threads=training.decode_threads,
-        timeline=as_uri(training.timeline) if training.timeline else None,
-        class_weight=training.class_weight,
-        accumulate_steps=training.accumulate_steps,
-        shuffle=training.shuffle,
-    )
+    fit = spark_model.fit_with(train_uri, FitOptions.from_training_config(
+        training, validation_data=validation_uri(config), callbacks=callbacks, resume=resume,
+    ))
     new = out.staging  # nothing in output.dir changes until the whole unit is ready
     spark_model.model.save(new / MODEL_FILE)
-    metrics = {**fit.metrics, "history": fit.history, "model": out.location(MODEL_FILE),
+    metrics = {**fit.metrics.to_json(), "history": fit.history, "model": out.location(MODEL_FILE),
                "train_data": train_uri, "validation_freq": training.validation_freq,
                "history_csv": out.location(HISTORY_FILE)}
     if config.output.export == "savedmodel":
@@ -293,22 +288,10 @@ def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
 def _write_local_predictions(predictions: Any, out: Path, marker: str, target: str) -> None:
     from sparkdl.data.writer import check_replaceable
 
-    target_dir = out / PREDICTIONS_DIR
-    tmp = out / f".{PREDICTIONS_DIR}.tmp-{uuid.uuid4().hex[:12]}"
-    try:
+    with atomic_path(out / PREDICTIONS_DIR) as tmp:
         predictions.write.mode("error").parquet(spark_uri(str(tmp)))
         (tmp / PREDICTIONS_MARKER).write_text(marker)
         check_replaceable(target, marker=PREDICTIONS_MARKER)
-        if target_dir.exists():
-            old = out / f".{PREDICTIONS_DIR}.old-{uuid.uuid4().hex[:12]}"
-            os.replace(target_dir, old)
-            os.replace(tmp, target_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, target_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 def run_pipeline(
@@ -355,21 +338,14 @@ def _trained_model(out: RunOutput) -> Path:
 def export_savedmodel(model: Any, path: Path) -> None:
     """Export ``model`` for TF Serving: a SavedModel at ``path`` whose ``serving_default``
     signature maps the model's inputs to its outputs (Keras 3 ``model.export``)."""
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
+    with atomic_path(path) as tmp:
         model.export(str(tmp), format="tf_saved_model", verbose=False)
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
-    os.replace(tmp, path)
+    write_text_atomically(
+        path, json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n"
+    )
 
 
 def _json_default(value: Any) -> Any:

@@ -8,7 +8,9 @@ filesystem. Every failure is one :class:`DataError` naming the URI.
 Publishing is atomic where the store allows it: on filesystems that rename (local, HDFS) a
 file is written under a temporary name and renamed; on object stores (S3, GCS, fsspec) one
 object appears whole or not at all when its upload completes, so it is written in place, and
-a multi-file output writes its marker object last.
+a multi-file output writes its marker object last. Local files and directories are written
+through :func:`atomic_path` (a temporary sibling, renamed over the target when complete,
+removed when not).
 
 S3: pyarrow reads credentials from the standard AWS chain (``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY``, ``~/.aws``, instance roles) and the endpoint from
@@ -20,9 +22,11 @@ hands them to the Spark tasks sparkdl ships, which apply them with :func:`apply_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -133,7 +137,8 @@ def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
         with fs.open_output_stream(path) as stream:  # one object, visible once complete
             stream.write(data)
         return
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    head, _, name = path.rpartition("/")
+    tmp = f"{head}/{temporary_name(name)}" if head else temporary_name(name)
     try:
         with fs.open_output_stream(tmp) as stream:
             stream.write(data)
@@ -141,6 +146,57 @@ def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     except BaseException:
         _discard(fs, tmp)
         raise
+
+
+def temporary_name(name: str) -> str:
+    """A hidden, unique sibling name for writing ``name`` before it is renamed into place."""
+    return f".{name}.tmp-{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary sibling of the local ``target`` to write (a file or a directory): when the
+    block ends without an error it replaces ``target`` in one rename (:func:`replace_path`);
+    whatever happens, nothing of it is left behind.
+
+    >>> with atomic_path(run_dir / "metrics.json") as tmp:
+    ...     tmp.write_text(text)
+    """
+    target = Path(target)
+    tmp = target.with_name(temporary_name(target.name))
+    try:
+        yield tmp
+        replace_path(tmp, target)
+    finally:
+        remove_path(tmp)
+
+
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to the local ``path`` (parents created) atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def replace_path(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target`` on one filesystem; a directory replaces the old one
+    through a hidden name, so ``target`` is the old or the new directory, never a mix."""
+    if source.is_dir() and target.exists():
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:12]}")
+        os.replace(target, old)
+        os.replace(source, target)
+        remove_path(old)
+    else:
+        os.replace(source, target)
+
+
+def remove_path(path: Path) -> None:
+    """Remove the local file or directory ``path`` if it is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _discard(fs: pafs.FileSystem, tmp: str) -> None:
@@ -207,8 +263,9 @@ def upload(local: str | os.PathLike[str], uri: str) -> None:
 
 def _upload_file(source: Path, fs: pafs.FileSystem, path: str) -> None:
     if renames_atomically(fs):
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        head, _, name = path.rpartition("/")
+        fs.create_dir(head, recursive=True)
+        tmp = f"{head}/{temporary_name(name)}"
         try:
             pafs.copy_files(str(source), tmp, source_filesystem=pafs.LocalFileSystem(),
                             destination_filesystem=fs)

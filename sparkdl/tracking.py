@@ -18,9 +18,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sparkdl.errors import ConfigurationError, DataError, SparkDLError
+from sparkdl.run_layout import EVALUATION_FILE, HISTORY_FILE, METRICS_FILE, REPORT_FILE
 
 #: Files of a run directory logged as artifacts when present.
-RUN_FILES = ("metrics.json", "evaluation.json", "report.html", "history.csv")
+RUN_FILES = (METRICS_FILE, EVALUATION_FILE, REPORT_FILE, HISTORY_FILE)
 
 _BATCH = 100  # MLflow's log_batch takes at most 100 params and 1000 metrics per call
 _BAD_KEY_CHARS = re.compile(r"[^\w\-. /]")
@@ -90,7 +91,7 @@ def log_run(
         config = config.to_dict()
     params = [Param(_key(k), v) for k, v in flatten(config).items()]
     job_figures = {}
-    if (run / "metrics.json").is_file():
+    if (run / METRICS_FILE).is_file():
         job_figures = {k: float(v) for k, v in read_run(run)[0].items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)
                        and k not in history and math.isfinite(v)}

@@ -18,6 +18,7 @@ against the step overhead of communication (the difference of the ``ms/step`` co
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -75,8 +76,8 @@ def _distributed(launcher: str, name: str, spark: Any, uri: str, batch: int, epo
     trainer = SparkModel(spark, model, tm) if launcher == "spark" else ParallelWrapper(model, tm)
     metrics = trainer.fit(uri, epochs=epochs, verbose=0).metrics
     wall = time.perf_counter() - started
-    step_s = 2 * batch / metrics["steady_samples_per_second"]
-    return step_s, wall - step_s * metrics["steps"]
+    step_s = 2 * batch / (metrics.steady_samples_per_second or math.nan)
+    return step_s, wall - step_s * metrics.steps
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:

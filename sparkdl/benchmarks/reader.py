@@ -174,7 +174,7 @@ def _lenet(spark: Any, uri: str, quick: bool) -> dict[str, Any]:
     fit = SparkModel(spark, model, tm).fit(uri, epochs=epochs)
     m = fit.metrics
     return {
-        "lenet_epochs": epochs, "lenet_steps": m["steps"],
-        "lenet_samples_per_second": m["samples_per_second"],
-        "data_wait_fraction": m["data_wait_fraction"],
+        "lenet_epochs": epochs, "lenet_steps": m.steps,
+        "lenet_samples_per_second": m.samples_per_second,
+        "data_wait_fraction": m.data_wait_fraction,
     }

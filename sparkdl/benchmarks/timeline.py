@@ -237,7 +237,7 @@ def record(out: Path, mode: str = "sharing", epochs: int = 2) -> list[str]:
     data = write_shards(out / "data")
     wrapper = ParallelWrapper(_model(), _master(mode, 2), timeout_s=120)
     fit = wrapper.fit(data, epochs=epochs, verbose=0, timeline=str(out / "trace"))
-    return list(fit.metrics["timeline"])
+    return list(fit.metrics.timeline or [])
 
 
 def _print_summary(summary: dict[str, dict[str, float]]) -> None:

@@ -14,11 +14,14 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sparkdl.benchmarks.report import print_table
+
+if TYPE_CHECKING:
+    from sparkdl.training.summary import FitMetrics
 
 MODES = ("sharing", "dense", "averaging")
 
@@ -51,12 +54,12 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     uri = _write(spark, x, y, workdir)
 
     samples: dict[str, list[float]] = {name: [] for name in ("single", *MODES)}
-    extras: dict[str, dict[str, Any]] = {}
+    extras: dict[str, FitMetrics] = {}
     for _ in range(repeats):
         samples["single"].append(_single_process(x, y, epochs))
         for mode in MODES:
             metrics = _distributed(spark, uri, mode, epochs)
-            samples[mode].append(metrics["steady_samples_per_second"])
+            samples[mode].append(metrics.steady_samples_per_second or 0.0)
             extras[mode] = metrics
     medians = {name: statistics.median(values) for name, values in samples.items()}
     figures: dict[str, Any] = {
@@ -71,20 +74,19 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         ratio = medians[mode] / medians["single"]
         figures[f"{mode}_samples_per_second"] = medians[mode]
         figures[f"{mode}_vs_single"] = ratio
-        figures[f"{mode}_bytes_per_step"] = m["bytes_per_step"]
-        figures[f"{mode}_data_wait_fraction"] = m["data_wait_fraction"]
-        figures[f"{mode}_step_timings_s"] = m["step_timings_s"]
+        figures[f"{mode}_bytes_per_step"] = m.bytes_per_step
+        figures[f"{mode}_data_wait_fraction"] = m.data_wait_fraction
+        figures[f"{mode}_step_timings_s"] = m.step_timings_s
         table.append((f"{mode} (2 workers x 64)", medians[mode], ratio,
-                      f"{m['bytes_per_step']:.0f}", f"{m['final_train_accuracy']:.3f}",
-                      f"{m['data_wait_fraction']:.3f}"))
+                      f"{m.bytes_per_step:.0f}", f"{m.final_train_accuracy or 0.0:.3f}",
+                      f"{m.data_wait_fraction:.3f}"))
     # Steady state (after the first epoch, while the adaptive threshold settles), like the
     # throughput figures; the all-steps figure is reported beside it.
-    figures["sharing_compression"] = extras["sharing"]["steady_compression_ratio"]
-    figures["sharing_compression_all_steps"] = (
-        extras["sharing"]["dense_bytes_per_step"] / extras["sharing"]["bytes_per_step"]
-    )
-    figures["num_parameters"] = extras["sharing"]["num_parameters"]
-    figures["data_wait_fraction"] = extras["sharing"]["data_wait_fraction"]
+    sharing = extras["sharing"]
+    figures["sharing_compression"] = sharing.steady_compression_ratio
+    figures["sharing_compression_all_steps"] = sharing.compression_ratio
+    figures["num_parameters"] = sharing.num_parameters
+    figures["data_wait_fraction"] = sharing.data_wait_fraction
     print_table(
         f"LeNet ({figures['num_parameters']} parameters), {rows} rows, {epochs} epochs, "
         f"medians of {repeats}, steady-state samples/s",
@@ -151,7 +153,7 @@ def _single_process(x: np.ndarray, y: np.ndarray, epochs: int) -> float:
     return steps * 128 * len(later) / sum(later)
 
 
-def _distributed(spark: Any, uri: str, mode: str, epochs: int) -> dict[str, Any]:
+def _distributed(spark: Any, uri: str, mode: str, epochs: int) -> FitMetrics:
     from sparkdl.compression import AdaptiveThreshold
     from sparkdl.spark_model import SparkModel
     from sparkdl.training.masters import (

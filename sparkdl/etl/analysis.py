@@ -146,24 +146,12 @@ def analyze(
 def write_analysis(analysis: dict[str, Any], uri: str) -> None:
     """Write an analysis as JSON to a local path or any filesystem URI sparkdl can open.
 
-    The file appears whole or not at all: it is written to a hidden sibling and renamed.
+    The file appears whole or not at all (:func:`sparkdl.storage.write_bytes`).
     """
-    import uuid
-
-    import pyarrow.fs as pafs
-
-    from sparkdl.data.metadata import resolve
+    from sparkdl.storage import resolve, write_bytes
 
     fs, path = resolve(uri)
-    parent, _, name = path.rpartition("/")
+    parent = path.rpartition("/")[0]
     if parent:
         fs.create_dir(parent, recursive=True)
-    tmp = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:12]}" if parent else f".{name}.tmp"
-    try:
-        with fs.open_output_stream(tmp) as stream:
-            stream.write((json.dumps(analysis, indent=2, sort_keys=True) + "\n").encode())
-        fs.move(tmp, path)
-    except BaseException:
-        if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
-            fs.delete_file(tmp)
-        raise
+    write_bytes(fs, path, (json.dumps(analysis, indent=2, sort_keys=True) + "\n").encode())

@@ -57,10 +57,12 @@ class AttemptLog:
     @classmethod
     def create(cls, checkpoint_uri: str | None) -> AttemptLog:
         import tempfile
-        import uuid
 
-        if checkpoint_uri:
-            return cls(f"{checkpoint_uri.rstrip('/')}/_attempts/{uuid.uuid4().hex[:12]}")
+        from sparkdl.run_layout import RunLayout
+
+        uri = RunLayout(checkpoint_dir=checkpoint_uri).attempts_uri()
+        if uri is not None:
+            return cls(uri)
         tmp = tempfile.mkdtemp(prefix="sparkdl-attempts-")
         return cls(f"file://{tmp}", owned_dir=tmp)
 

@@ -150,8 +150,8 @@ class SparkLauncher:
 
         policy, wanted, checkpoint = self.elastic, len(spec.slices), spec.checkpoint
         assert policy is not None and checkpoint is not None
-        store = CheckpointStore(checkpoint["uri"])
-        spec = dataclasses.replace(spec, extra={**spec.extra, "elastic": True})
+        store = CheckpointStore(checkpoint.uri)
+        spec = dataclasses.replace(spec, elastic=True)
         current, failures = spec, 0
         while True:
             try:
@@ -182,7 +182,7 @@ class SparkLauncher:
                 log.warning("elastic fit: relaunching the training stage with %d worker(s) "
                             "(was %d) after: %s", new_world, world, exc)
                 if new_world != world:
-                    latest = store.latest(checkpoint["run_id"])
+                    latest = store.latest(checkpoint.run_id)
                     position = (latest.state.epoch, latest.state.step_in_epoch) if latest \
                         else (spec.initial_epoch, 0)
                     self.elastic_events.append(ElasticEvent(
@@ -212,7 +212,7 @@ class SparkLauncher:
         # exists on no executor until it arrives
         spec_bytes: bytes = CloudPickleSerializer().dumps(spec)  # type: ignore[no-untyped-call]
         num_workers = len(spec.slices)
-        attempts = AttemptLog.create(spec.checkpoint["uri"] if spec.checkpoint else None)
+        attempts = AttemptLog.create(spec.checkpoint.uri if spec.checkpoint else None)
         train = training_function(spec_bytes, self.cluster.model_dump(), secret, attempts.uri)
         stage = self.spark.range(0, num_workers, 1, num_workers).mapInArrow(
             train, RESULT_SCHEMA, barrier=True, profile=self.resource_profile()

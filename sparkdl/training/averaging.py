@@ -50,7 +50,7 @@ class ParameterAveragingExchange(UpdateExchange):
         y_pred = self.model(x, training=False)
         return model_loss(self.model, x, y, y_pred, sample_weight, False)
 
-    def _train_step_fn(self, x: tf.Tensor, y: tf.Tensor):
+    def _train_step_fn(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
         variables = self.model.trainable_variables

@@ -23,14 +23,14 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from sparkdl.errors import ConfigurationError, DataError, TrainingError
-from sparkdl.storage import move_dir, renames_atomically, resolve, write_bytes
+from sparkdl.run_layout import MODEL_FILE
+from sparkdl.storage import move_dir, renames_atomically, resolve, temporary_name, write_bytes
 
 log = logging.getLogger("sparkdl.training")
 
 _NAME = re.compile(r"^ckpt-(\d{10})$")
 RUN_FILE = "_run.json"
 FAILURE_FILE = "_failure.json"
-MODEL_FILE = "model.keras"
 STATE_FILE = "state.json"
 
 
@@ -146,7 +146,7 @@ class CheckpointStore:
         renames = renames_atomically(self.fs)
         # where rename is atomic, build the checkpoint aside and rename it into place; on an
         # object store write in place, state.json (what makes it complete) last
-        tmp = f".{name}.tmp-{uuid.uuid4().hex[:8]}" if renames else name
+        tmp = temporary_name(name) if renames else name
         if not renames and self._exists(name):
             self.fs.delete_dir(f"{self.root}/{name}")
         self.fs.create_dir(f"{self.root}/{tmp}", recursive=True)
@@ -203,16 +203,19 @@ class CheckpointStore:
                 self.fs.delete_file(info.path)
 
     def _exists(self, name: str) -> bool:
-        return self.fs.get_file_info(f"{self.root}/{name}").type != pafs.FileType.NotFound
+        return bool(self.fs.get_file_info(f"{self.root}/{name}").type != pafs.FileType.NotFound)
 
     def _read(self, name: str) -> bytes:
         with self.fs.open_input_stream(f"{self.root}/{name}") as stream:
-            return stream.read()
+            return bytes(stream.read())
 
     def _read_json(self, name: str) -> dict[str, Any] | None:
         if not self._exists(name):
             return None
-        return json.loads(self._read(name))
+        document = json.loads(self._read(name))
+        if not isinstance(document, dict):
+            raise DataError(f"{self.uri}/{name}: expected a JSON object, got {document!r:.80}")
+        return document
 
     def _write_bytes(self, name: str, data: bytes) -> None:
         write_bytes(self.fs, f"{self.root}/{name}", data)

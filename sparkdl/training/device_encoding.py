@@ -61,6 +61,8 @@ __all__ = [
 ]
 
 _BITMAP_WEIGHTS = (1, 4, 16, 64)  # code of element i lands in bits 2*(i % 4) of its byte
+#: What the encode graph returns: (sparse entries int32, bitmap uint8, nnz), one part empty.
+_Message = tuple[tf.Tensor, tf.Tensor, tf.Tensor]
 
 
 def variable_device(variable: Any) -> str:
@@ -173,19 +175,28 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         self._quantile_fn = tf.function(self._sample_quantile, reduce_retracing=True)
 
     @property
+    def device_memory(self) -> DeviceMemory:
+        """The memory, a :class:`DeviceMemory` (as built in ``__init__``)."""
+        memory = self.memory
+        assert isinstance(memory, DeviceMemory)
+        return memory
+
+    @property
     def variable(self) -> tf.Variable:
         """The device residual itself."""
-        return self.memory.variable  # type: ignore[attr-defined,no-any-return]
+        return self.device_memory.variable
 
     # Device graphs ----------------------------------------------------------------------
 
-    def _sample_quantile(self, offset: tf.Tensor, stride: tf.Tensor, passing: tf.Tensor):
+    def _sample_quantile(
+        self, offset: tf.Tensor, stride: tf.Tensor, passing: tf.Tensor
+    ) -> tf.Tensor:
         """The ``passing``-th largest of ``|residual[offset::stride]|`` (== the numpy
         ``np.partition`` order statistic)."""
         sample = tf.abs(self.variable[offset::stride])
         return tf.reduce_min(tf.math.top_k(sample, k=passing, sorted=False).values)
 
-    def _encode_graph(self, update: tf.Tensor, t: tf.Tensor, *, add: bool):
+    def _encode_graph(self, update: tf.Tensor, t: tf.Tensor, *, add: bool) -> _Message:
         """Residual (+= update), encode at ``t``; return ``(sparse_entries int32, bitmap
         uint8, nnz)`` with one of the two messages empty."""
         r = self.variable
@@ -199,7 +210,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         count = tf.math.count_nonzero(candidate, dtype=tf.int64)
         n = self.num_elements
 
-        def sparse():
+        def sparse() -> _Message:
             index = tf.where(candidate)[:, 0]  # int64, ascending
             values = tf.gather(x, index)
             negative = values < 0  # candidates are non-zero and not NaN: == sign bit
@@ -213,7 +224,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
             entries = tf.cast(tf.where(negative, -entries, entries), tf.int32)
             return entries, tf.zeros([0], tf.uint8), tf.size(entries, out_type=tf.int64)
 
-        def bitmap():
+        def bitmap() -> _Message:
             negative = x < 0
             signed = tf.where(negative, -t, t)
             updated = x - signed
@@ -228,12 +239,13 @@ class DeviceThresholdCompressor(ThresholdCompressor):
             nnz = tf.math.count_nonzero(encoded, dtype=tf.int64)
             return tf.zeros([0], tf.int32), tf.cast(packed, tf.uint8), nnz
 
-        return tf.cond(count > self._max_sparse, bitmap, sparse)
+        entries, packed, nnz = tf.cond(count > self._max_sparse, bitmap, sparse)
+        return entries, packed, nnz
 
     def _encode_fn(self, add: bool) -> Any:
         if add not in self._functions:
 
-            def graph(update: tf.Tensor, t: tf.Tensor):
+            def graph(update: tf.Tensor, t: tf.Tensor) -> _Message:
                 return self._encode_graph(update, t, add=add)
 
             self._functions[add] = tf.function(graph, reduce_retracing=True)
@@ -257,7 +269,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         if n == 0:
             return th.tau
         offset, stride, passing = th.sample_plan(n, step)
-        with self.memory.placement():  # type: ignore[attr-defined]
+        with self.device_memory.placement():
             value = float(
                 self._quantile_fn(
                     tf.constant(offset, tf.int64),
@@ -267,7 +279,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
             )
         return th.accept_quantile(value)
 
-    def compress(  # type: ignore[override]
+    def compress(
         self, update: tf.Tensor | np.ndarray, step: int
     ) -> tuple[bytes, EncodingStats]:
         """Add ``update`` (on the device) to the residual, encode it there, and return
@@ -281,7 +293,7 @@ class DeviceThresholdCompressor(ThresholdCompressor):
                 f"got {update.dtype.name} tensor of shape {tuple(update.shape)}"
             )
         started = time.perf_counter()
-        memory: DeviceMemory = self.memory  # type: ignore[assignment]
+        memory = self.device_memory
         add = not self.threshold.uses_residual
         if not add:
             memory.add(update)

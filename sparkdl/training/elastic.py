@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from sparkdl.training.worker import WorkerSpec
 
 #: The state keys that hold an error-feedback residual (``Memory.get_state()["residual"]``
 #: under the exchange's and compressor's prefixes); every other key is per-rank state that
@@ -68,16 +71,15 @@ class ElasticEvent:
         return dataclasses.asdict(self)
 
 
-def replan(spec: Any, world: int) -> Any:
-    """``spec`` (a :class:`~sparkdl.training.worker.WorkerSpec`) for ``world`` workers: the
-    shard slices and steps per epoch re-planned, the master's ``num_workers`` updated."""
+def replan(spec: WorkerSpec, world: int) -> WorkerSpec:
+    """``spec`` for ``world`` workers: the shard slices and steps per epoch re-planned, the
+    master's ``num_workers`` updated."""
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import plan_slices
 
-    master_config = dict(spec.master_config)
-    master_config["num_workers"] = world
+    master_config = {**spec.master_config, "num_workers": world}
     metadata = ShardMetadata.from_json(spec.metadata_json)
-    slices, steps_per_epoch = plan_slices(metadata, world, master_config["batch_size_per_worker"])
+    slices, steps_per_epoch = plan_slices(metadata, world, spec.master.batch_size_per_worker)
     return dataclasses.replace(
         spec, slices=slices, steps_per_epoch=steps_per_epoch, master_config=master_config
     )

@@ -26,13 +26,16 @@ import io
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 
 from sparkdl.comm.channel import ChannelClient, Message
 from sparkdl.training.loop import TrainingLoop, WorkerCallback
+
+if TYPE_CHECKING:
+    from sparkdl.training.exchange import StepResult
 
 log = logging.getLogger("sparkdl.training")
 
@@ -105,7 +108,9 @@ class DriverLink(WorkerCallback):
             })
         self._decide(loop, answer)
 
-    def on_step_end(self, loop: TrainingLoop, epoch: int, step: int, outcome: Any) -> None:
+    def on_step_end(
+        self, loop: TrainingLoop, epoch: int, step: int, outcome: StepResult
+    ) -> None:
         every = self.log_every_steps
         if self.client is None or not every or loop.global_step % every:
             return
@@ -123,6 +128,9 @@ class DriverLink(WorkerCallback):
         self._decide(loop, answer)
 
     def on_train_end(self, loop: TrainingLoop) -> None:
+        self.close()
+
+    def close(self) -> None:
         if self.client is not None:
             self.client.close()
 

@@ -287,7 +287,7 @@ class UpdateExchange(abc.ABC):
         self.metrics.update(x, y, y_pred, sample_weight)
         return loss
 
-    def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor):
+    def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
         grads = tape.gradient(loss, self.model.trainable_variables)

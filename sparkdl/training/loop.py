@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +78,60 @@ class WorkerCallback:
     def on_train_end(self, loop: TrainingLoop) -> None:
         """After the last step, with every replica holding the same weights."""
 
+    def close(self) -> None:
+        """Release what the callback holds (also after a failed fit)."""
+
+
+class CallbackList(WorkerCallback):
+    """The worker callbacks as one (as Keras's ``CallbackList``): each hook runs every
+    callback's in order; each callback that overrides a hook is a timeline span."""
+
+    def __init__(self, callbacks: Iterable[WorkerCallback] = ()) -> None:
+        self.callbacks = list(callbacks)
+
+    def __iter__(self) -> Iterator[WorkerCallback]:
+        return iter(self.callbacks)
+
+    def __len__(self) -> int:
+        return len(self.callbacks)
+
+    def on_train_begin(self, loop: TrainingLoop) -> None:
+        self._notify("on_train_begin", loop)
+
+    def on_epoch_begin(self, loop: TrainingLoop, epoch: int) -> None:
+        self._notify("on_epoch_begin", loop, epoch)
+
+    def on_step_end(self, loop: TrainingLoop, epoch: int, step: int, outcome: StepResult) -> None:
+        self._notify("on_step_end", loop, epoch, step, outcome)
+
+    def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
+        self._notify("on_epoch_end", loop, epoch, logs)
+
+    def on_train_end(self, loop: TrainingLoop) -> None:
+        self._notify("on_train_end", loop)
+
+    def close(self) -> None:
+        """Close every callback, each even when another's close fails (the first error is
+        raised after)."""
+        errors: list[Exception] = []
+        for callback in self.callbacks:
+            try:
+                callback.close()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            method = getattr(callback, hook)
+            if getattr(type(callback), hook, None) is getattr(WorkerCallback, hook):
+                method(*args)
+                continue
+            name = getattr(callback, "timeline_name", None) or type(callback).__name__
+            with timeline.span(name, hook=hook):
+                method(*args)
+
 
 class TrainingLoop:
     """Train for ``epochs`` × ``steps_per_epoch`` synchronous steps.
@@ -107,7 +161,7 @@ class TrainingLoop:
         start_epoch: int = 0,
         start_step: int = 0,
         history: list[dict[str, float]] | None = None,
-        callbacks: Sequence[WorkerCallback] = (),
+        callbacks: Iterable[WorkerCallback] = (),
     ) -> None:
         self.exchange = exchange
         self.comm = comm
@@ -117,7 +171,8 @@ class TrainingLoop:
         self.batch_size = batch_size
         self.start_epoch = start_epoch
         self.start_step = start_step
-        self.callbacks = list(callbacks)
+        self.callbacks = (callbacks if isinstance(callbacks, CallbackList)
+                          else CallbackList(callbacks))
         self.global_step = start_epoch * steps_per_epoch + start_step
         self.stop_training = False
         self.result = LoopResult(history=list(history or []))
@@ -138,7 +193,7 @@ class TrainingLoop:
         sent0, received0 = self.comm.counters.snapshot()
         started = time.perf_counter()
         first_global = self.global_step
-        self._notify("on_train_begin")
+        self.callbacks.on_train_begin(self)
         for epoch in range(self.start_epoch, self.epochs):
             if self.stop_training:
                 break
@@ -148,11 +203,11 @@ class TrainingLoop:
                 logs = self._run_epoch(epoch)
                 result.history.append(logs)
                 result.epochs_run += 1
-                self._notify("on_epoch_end", epoch, logs)
+                self.callbacks.on_epoch_end(self, epoch, logs)
         result.stopped_early = self.stop_training
         with timeline.span("finish"):
             self.exchange.finish()
-        self._notify("on_train_end")
+        self.callbacks.on_train_end(self)
         result.train_seconds = time.perf_counter() - started
         result.steps = self.global_step
         result.samples = (self.global_step - first_global) * self.batch_size * self.comm.world_size
@@ -171,7 +226,7 @@ class TrainingLoop:
         figures = _EpochFigures()
         self._epoch_loss, self._epoch_steps = 0.0, 0
         self.exchange.metrics.reset()
-        self._notify("on_epoch_begin", epoch)
+        self.callbacks.on_epoch_begin(self, epoch)
         iterator = iter(self.batches(epoch))
         skip = self.start_step if epoch == self.start_epoch else 0
         for _ in range(skip):
@@ -215,18 +270,7 @@ class TrainingLoop:
         if steady:
             _accumulate(self.result, outcome)
         self.global_step += 1
-        self._notify("on_step_end", epoch, step, outcome)
-
-    def _notify(self, hook: str, *args: Any) -> None:
-        """Run ``hook`` of every callback in order; each one that overrides it is a span."""
-        for callback in self.callbacks:
-            method = getattr(callback, hook)
-            if getattr(type(callback), hook, None) is getattr(WorkerCallback, hook):
-                method(self, *args)
-                continue
-            name = getattr(callback, "timeline_name", None) or type(callback).__name__
-            with timeline.span(name, hook=hook):
-                method(self, *args)
+        self.callbacks.on_step_end(self, epoch, step, outcome)
 
     def _check_finite(self, outcome: StepResult, epoch: int, step: int) -> None:
         if math.isfinite(outcome.loss) and outcome.finite_update:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 from sparkdl.compression.compressor import (
     CompressorConfig,
@@ -195,7 +195,9 @@ class SharedTrainingMaster(TrainingMaster):
             config["residual_clipping"] = ResidualClipping(**config["residual_clipping"])
         return cls(**config)
 
-    def create_exchange(self, model, comm, *, job_id):
+    def create_exchange(
+        self, model: Any, comm: Communicator, *, job_id: int
+    ) -> UpdateExchange:
         from sparkdl.training.device_encoding import (
             build_compressor,
             variable_device,
@@ -268,7 +270,9 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
             "report_score_after_averaging": self.report_score_after_averaging,
         }
 
-    def create_exchange(self, model, comm, *, job_id):
+    def create_exchange(
+        self, model: Any, comm: Communicator, *, job_id: int
+    ) -> UpdateExchange:
         from sparkdl.training.averaging import ParameterAveragingExchange
 
         return ParameterAveragingExchange(
@@ -307,7 +311,9 @@ class DenseTrainingMaster(TrainingMaster):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "overlap": self.overlap}
 
-    def create_exchange(self, model, comm, *, job_id):
+    def create_exchange(
+        self, model: Any, comm: Communicator, *, job_id: int
+    ) -> UpdateExchange:
         from sparkdl.training.dense import DenseAllreduceExchange
 
         return DenseAllreduceExchange(model, comm, overlap=self.overlap)
@@ -345,10 +351,18 @@ def resolve_mode(mode: str, num_parameters: int) -> str:
     return "dense" if num_parameters <= AUTO_DENSE_MAX_PARAMETERS else "sharing"
 
 
+class _Common(TypedDict):
+    """The settings every master takes."""
+
+    batch_size_per_worker: int
+    num_workers: int
+    seed: int
+
+
 def master_from_training_config(training: TrainingConfig, model: Any = None) -> TrainingMaster:
     """Build the master a job configuration's ``training`` section describes; ``model`` (a
     Keras model) resolves ``mode: auto`` from its trainable parameter count."""
-    mode = training.mode
+    mode: str = training.mode
     if mode == "auto":
         if model is None:
             raise ConfigurationError(
@@ -359,11 +373,11 @@ def master_from_training_config(training: TrainingConfig, model: Any = None) -> 
         mode = resolve_mode(mode, count)
         log.info("training.mode auto: %s (%d trainable parameters; dense up to %d)",
                  mode, count, AUTO_DENSE_MAX_PARAMETERS)
-    common = {
-        "batch_size_per_worker": training.batch_size_per_worker,
-        "num_workers": training.num_workers,
-        "seed": training.seed,
-    }
+    common = _Common(
+        batch_size_per_worker=training.batch_size_per_worker,
+        num_workers=training.num_workers,
+        seed=training.seed,
+    )
     if mode == "averaging":
         return ParameterAveragingTrainingMaster(
             **common,

@@ -15,6 +15,8 @@ from typing import Any
 
 import keras
 
+from sparkdl.run_layout import MODEL_FILE
+
 try:
     from keras.src.saving import saving_lib as _saving_lib
 except ImportError:  # pragma: no cover - depends on the Keras version
@@ -32,7 +34,7 @@ def model_to_bytes(model: keras.Model) -> bytes:
         _saving_lib.save_model(model, buffer)
         return buffer.getvalue()
     with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
-        path = os.path.join(tmp, "model.keras")
+        path = os.path.join(tmp, MODEL_FILE)
         model.save(path)
         with open(path, "rb") as f:
             return f.read()
@@ -45,7 +47,7 @@ def model_from_bytes(data: bytes, custom_objects: dict[str, Any] | None = None) 
             io.BytesIO(data), custom_objects=custom_objects, compile=True
         )
     with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
-        path = os.path.join(tmp, "model.keras")
+        path = os.path.join(tmp, MODEL_FILE)
         with open(path, "wb") as f:
             f.write(data)
         return keras.models.load_model(path, custom_objects=custom_objects, compile=True)

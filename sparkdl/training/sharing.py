@@ -105,7 +105,7 @@ class GradientSharingExchange(UpdateExchange):
 
     # Graphs -----------------------------------------------------------------------------
 
-    def _update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
+    def _update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool) -> tuple[tf.Tensor, ...]:
         """The optimizer's update of this batch (one flat vector, or one piece per variable
         with ``flat=False``) and whether it is finite; the weights are W again afterwards
         (``u = v - w``, then ``v`` shares ``w``'s buffer until the next optimizer step)."""
@@ -123,7 +123,9 @@ class GradientSharingExchange(UpdateExchange):
             return loss, tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0), finite
         return loss, pieces, finite
 
-    def _fused_update_graph(self, x: tf.Tensor, y: tf.Tensor, flat: bool):
+    def _fused_update_graph(
+        self, x: tf.Tensor, y: tf.Tensor, flat: bool
+    ) -> tuple[tf.Tensor, ...]:
         """:meth:`_update_graph` with the optimizer writing the update into variables of its
         own, ``U`` (overwritten each step, never zeroed): the weights stay W. A non-finite
         update ends the step before the encode (the optimizer's state has taken the step, as
@@ -135,7 +137,9 @@ class GradientSharingExchange(UpdateExchange):
         grads = tape.gradient(loss, variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, variables)]
-        pieces = self._updates.apply(grads)  # U holds this step's update, whatever it held
+        updates = self._updates
+        assert updates is not None  # the fused path has them
+        pieces = updates.apply(grads)  # U holds this step's update, whatever it held
         finite = all_finite(pieces)
         reads = self._views.reads() if self._views is not None else []
         if flat:
@@ -165,7 +169,8 @@ class GradientSharingExchange(UpdateExchange):
             start, stop = bounds[i], bounds[i + 1]
             current = tf.convert_to_tensor(variable if shared is None else shared)
 
-            def scatter(current=current, start=start, stop=stop, offset=offset):
+            def scatter(current: tf.Tensor = current, start: tf.Tensor = start,
+                        stop: tf.Tensor = stop, offset: int = offset) -> tf.Tensor:
                 local = index[start:stop] - offset
                 flat = tf.reshape(current, [-1])
                 return tf.reshape(
@@ -215,7 +220,8 @@ class GradientSharingExchange(UpdateExchange):
                 del reads  # held reads would make TensorFlow copy W before adding
                 self._add_dense_fn(self._sum)
             else:
-                self._add_sparse(*sparse, reads)
+                index, values = sparse
+                self._add_sparse(index, values, reads)
         self.last_stats = stats
         return {
             "tau": float(stats.tau),

@@ -12,15 +12,29 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import SparkDLError, TrainingError
-from sparkdl.training.loop import TrainingLoop, WorkerCallback
+from sparkdl.training.loop import CallbackList, TrainingLoop, WorkerCallback
 from sparkdl.training.summary import WorkerResult
+
+if TYPE_CHECKING:
+    import keras
+
+    from sparkdl.data.metadata import ShardMetadata
+    from sparkdl.data.reader import WorkerSlice
+    from sparkdl.training.checkpoint import (
+        Checkpoint,
+        CheckpointPolicy,
+        CheckpointStore,
+        TrainingState,
+    )
+    from sparkdl.training.exchange import StepResult, UpdateExchange
+    from sparkdl.training.masters import TrainingMaster
 
 log = logging.getLogger("sparkdl.training")
 
@@ -46,22 +60,35 @@ class EventsSpec:
     timeout_s: float = 120.0
 
 
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where and how often the workers checkpoint, and the run they checkpoint (its id in
+    the checkpoint directory's ``_run.json``)."""
+
+    policy: CheckpointPolicy
+    run_id: str
+
+    @property
+    def uri(self) -> str:
+        return self.policy.uri
+
+
 @dataclass
 class WorkerSpec:
     """Everything a worker needs, as plain picklable data."""
 
     model_bytes: bytes
-    master_config: dict[str, Any]
+    master_config: dict[str, object]  # TrainingMaster.get_config(); see :attr:`master`
     data_uri: str
     metadata_json: str
-    slices: list[Any]
+    slices: list[WorkerSlice]  # one per rank
     steps_per_epoch: int
     epochs: int
     job_id: int
-    custom_objects: dict[str, Any] | None = None
+    custom_objects: dict[str, object] | None = None
     threads: int = 1
     shuffle: str = "global"  # sparkdl.data.reader.SHUFFLE_MODES
-    checkpoint: dict[str, Any] | None = None  # CheckpointPolicy fields plus "run_id"
+    checkpoint: CheckpointSpec | None = None
     initial_epoch: int = 0
     validation: ValidationSpec | None = None
     events: EventsSpec | None = None
@@ -70,24 +97,36 @@ class WorkerSpec:
     timeline: str | None = None  # URI: write a Chrome trace per rank there
     class_weight: dict[int, float] | None = None  # Keras's class_weight, checked
     accumulate_steps: int = 1  # exchange once every this many micro-batches
-    extra: dict[str, Any] = field(default_factory=dict)
+    elastic: bool = False  # the ranks report their world size per epoch
+
+    @property
+    def master(self) -> TrainingMaster:
+        """The training master, rebuilt from :attr:`master_config`."""
+        from sparkdl.training.masters import master_from_config
+
+        return master_from_config(self.master_config)
 
 
 def make_worker_spec(
-    model: Any,
-    master: Any,
+    model: keras.Model,
+    master: TrainingMaster,
     data_uri: str,
-    metadata: Any,
+    metadata: ShardMetadata,
     *,
     epochs: int,
-    custom_objects: dict[str, Any] | None,
+    custom_objects: dict[str, object] | None,
     threads: int,
     shuffle: str,
-    checkpoint: dict[str, Any] | None = None,
-    **options: Any,
+    checkpoint: CheckpointSpec | None = None,
+    initial_epoch: int = 0,
+    validation: ValidationSpec | None = None,
+    prefetch: int = 4,
+    decode_threads: int = 2,
+    timeline: str | None = None,
+    class_weight: dict[int, float] | None = None,
+    accumulate_steps: int = 1,
 ) -> WorkerSpec:
-    """Plan every worker's slice of the shards and package the model for the workers;
-    ``options`` are further :class:`WorkerSpec` fields."""
+    """Plan every worker's slice of the shards and package the model for the workers."""
     import secrets
 
     from sparkdl.data.reader import plan_slices
@@ -113,7 +152,13 @@ def make_worker_spec(
         threads=threads,
         shuffle=shuffle,
         checkpoint=checkpoint,
-        **options,
+        initial_epoch=initial_epoch,
+        validation=validation,
+        prefetch=prefetch,
+        decode_threads=decode_threads,
+        timeline=timeline,
+        class_weight=class_weight,
+        accumulate_steps=accumulate_steps,
     )
 
 
@@ -152,12 +197,14 @@ class Checkpointing(WorkerCallback):
 
     timeline_name = "checkpoint"
 
-    def __init__(self, policy: Any, store: Any, run_id: str) -> None:
+    def __init__(self, policy: CheckpointPolicy, store: CheckpointStore, run_id: str) -> None:
         self.policy = policy
         self.store = store
         self.run_id = run_id
 
-    def on_step_end(self, loop: TrainingLoop, epoch: int, step: int, outcome: Any) -> None:
+    def on_step_end(
+        self, loop: TrainingLoop, epoch: int, step: int, outcome: StepResult
+    ) -> None:
         last = step == loop.steps_per_epoch - 1
         if not last and self.policy.due(loop.global_step, False, epoch):
             self._save(loop, epoch, step + 1)
@@ -275,18 +322,16 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     started_at = time.time()
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import ShardReader, global_shuffle, rows_dropped_per_epoch
-    from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore, TrainingState
-    from sparkdl.training.masters import master_from_config
+    from sparkdl.training.checkpoint import CheckpointStore, TrainingState
     from sparkdl.training.serialization import model_from_bytes, model_to_bytes
     from sparkdl.training.variables import weights_checksum
 
-    master = master_from_config(spec.master_config)
-    policy, store, run_id, resumed = None, None, "", None
+    master = spec.master
+    store: CheckpointStore | None = None
+    resumed: Checkpoint | None = None
+    run_id = spec.checkpoint.run_id if spec.checkpoint else ""
     if spec.checkpoint:
-        settings = dict(spec.checkpoint)
-        run_id = settings.pop("run_id")
-        policy = CheckpointPolicy(**settings)
-        store = CheckpointStore(policy.uri)
+        store = CheckpointStore(spec.checkpoint.uri)
         store.check_failure()
         resumed = store.latest(run_id)
     start = resumed.state if resumed else TrainingState(run_id, 0, spec.initial_epoch, 0)
@@ -306,10 +351,11 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     exchange = master.create_exchange(model, comm, job_id=spec.job_id)
     exchange.accumulate(spec.accumulate_steps)
     if resumed:
+        assert store is not None
         _restore_exchange_state(exchange, _saved_states(resumed, store, comm), comm.rank)
-    callbacks = _worker_callbacks(spec, comm, secret, policy, store, run_id)
-    callbacks.insert(0, DroppedRows(rows_dropped_per_epoch(
-        metadata, comm.world_size, master.batch_size_per_worker, spec.steps_per_epoch)))
+    dropped = DroppedRows(rows_dropped_per_epoch(
+        metadata, comm.world_size, master.batch_size_per_worker, spec.steps_per_epoch))
+    callbacks = CallbackList([dropped, *_worker_callbacks(spec, comm, secret, store)])
     epoch_slices = None
     if spec.shuffle == "global":
         epoch_slices = global_shuffle(metadata, comm.world_size, master.batch_size_per_worker,
@@ -353,10 +399,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     finally:
         exchange.close()  # the overlap's thread, if any
         reader.close()
-        for callback in callbacks:
-            close = getattr(getattr(callback, "client", None), "close", None)
-            if close is not None:
-                close()
+        callbacks.close()
     return WorkerResult(
         rank=comm.rank,
         checksum=weights_checksum(model.trainable_variables),
@@ -370,17 +413,12 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
 
 
 def _worker_callbacks(
-    spec: WorkerSpec,
-    comm: Communicator,
-    secret: bytes | None,
-    policy: Any,
-    store: Any,
-    run_id: str,
-) -> list[WorkerCallback]:
+    spec: WorkerSpec, comm: Communicator, secret: bytes | None, store: CheckpointStore | None
+) -> CallbackList:
     """The worker loop's callbacks, in order: validation adds ``val_*`` to an epoch's figures
     before the driver sees them; checkpoints come last (they hold the driver's decisions)."""
     callbacks: list[WorkerCallback] = []
-    if spec.extra.get("elastic"):
+    if spec.elastic:
         callbacks.append(WorldSize())
     if spec.validation is not None:
         callbacks.append(Validation(spec.validation))
@@ -395,12 +433,12 @@ def _worker_callbacks(
             client = ChannelClient(spec.events.address, secret, timeout_s=spec.events.timeout_s)
         callbacks.append(DriverLink(client, log_every_steps=spec.events.log_every_steps,
                                     send_weights=spec.events.send_weights))
-    if policy is not None:
-        callbacks.append(Checkpointing(policy, store, run_id))
-    return callbacks
+    if spec.checkpoint is not None and store is not None:
+        callbacks.append(Checkpointing(spec.checkpoint.policy, store, spec.checkpoint.run_id))
+    return CallbackList(callbacks)
 
 
-def _exchange_state(exchange: Any) -> dict[str, Any]:
+def _exchange_state(exchange: UpdateExchange) -> dict[str, Any]:
     """Rank 0's scalar exchange state (e.g. its τ) for ``state.json``, for people reading the
     checkpoint; every rank restores its whole state from its own ``workers/rank-N``."""
     return {
@@ -409,13 +447,14 @@ def _exchange_state(exchange: Any) -> dict[str, Any]:
     }
 
 
-def _worker_state(exchange: Any) -> bytes:
+def _worker_state(exchange: UpdateExchange) -> bytes:
     """This rank's whole exchange state (``exchange.get_state()``: residual, its own threshold
     state, optimizer variables, ...) as an ``.npz`` (numbers as 0-d arrays)."""
     import io
 
     buffer = io.BytesIO()
-    np.savez(buffer, **{key: np.asarray(value) for key, value in exchange.get_state().items()})
+    arrays = {key: np.asarray(value) for key, value in exchange.get_state().items()}
+    np.savez(buffer, allow_pickle=True, **arrays)  # numpy's default, spelled for mypy
     return buffer.getvalue()
 
 
@@ -428,7 +467,9 @@ def _decode_worker_state(data: bytes) -> dict[str, Any]:
     return {key: value.item() if value.ndim == 0 else value for key, value in state.items()}
 
 
-def _saved_states(resumed: Any, store: Any, comm: Communicator) -> list[bytes] | None:
+def _saved_states(
+    resumed: Checkpoint, store: CheckpointStore, comm: Communicator
+) -> list[bytes] | None:
     """The saved exchange states this rank resumes from: its own, plus, when the checkpoint
     was written by more ranks than there are now (an elastic relaunch), those of the lost
     ranks it absorbs (:func:`sparkdl.training.elastic.absorbed_ranks`). ``None`` when its
@@ -439,9 +480,10 @@ def _saved_states(resumed: Any, store: Any, comm: Communicator) -> list[bytes] |
     if old_world <= comm.world_size:
         data = resumed.worker_state(store, comm.rank)
         return None if data is None else [data]
-    states = [resumed.worker_state(store, r)
-              for r in absorbed_ranks(comm.rank, old_world, comm.world_size)]
-    if any(data is None for data in states):
+    saved = [resumed.worker_state(store, r)
+             for r in absorbed_ranks(comm.rank, old_world, comm.world_size)]
+    states = [data for data in saved if data is not None]
+    if len(states) < len(saved):
         raise TrainingError(
             f"worker {comm.rank}: checkpoint {resumed.path} lacks the state of a rank of its "
             f"{old_world} ranks, so their residuals cannot be folded into {comm.world_size}"
@@ -449,10 +491,10 @@ def _saved_states(resumed: Any, store: Any, comm: Communicator) -> list[bytes] |
     log.warning("worker %d absorbs ranks %s of the %d that wrote checkpoint %s", comm.rank,
                 absorbed_ranks(comm.rank, old_world, comm.world_size)[1:], old_world,
                 resumed.path)
-    return states  # type: ignore[return-value]
+    return states
 
 
-def _replanned_position(start: Any, steps_per_epoch: int) -> Any:
+def _replanned_position(start: TrainingState, steps_per_epoch: int) -> TrainingState:
     """``start`` under a plan of ``steps_per_epoch`` (an elastic relaunch with another world
     size): the same epoch, the same fraction of it, the global step counted anew."""
     import dataclasses
@@ -464,7 +506,9 @@ def _replanned_position(start: Any, steps_per_epoch: int) -> Any:
                                global_step=start.epoch * steps_per_epoch + step)
 
 
-def _restore_exchange_state(exchange: Any, data: list[bytes] | None, rank: int) -> None:
+def _restore_exchange_state(
+    exchange: UpdateExchange, data: list[bytes] | None, rank: int
+) -> None:
     """Give this rank its own saved exchange state back (``data``: the checkpoint's
     ``workers/rank-N``, then those of the lost ranks it absorbs, whose residuals are folded
     into its own); a checkpoint without it resumes with rank 0's optimizer state from the

@@ -93,7 +93,7 @@ def _spec(num_workers: int) -> WorkerSpec:
     meta = ShardMetadata(format_version=FORMAT_VERSION, feature_shape=[4],
                          feature_dtype="float32", label_kind="class", classes=["a", "b"],
                          label_shape=[], num_rows=1200, files=files)
-    config = {"num_workers": num_workers, "batch_size_per_worker": 10}
+    config = {"mode": "dense", "num_workers": num_workers, "batch_size_per_worker": 10}
     return replan(WorkerSpec(b"", config, "file:///x", meta.to_json(), [], 0, 3, 1), num_workers)
 
 
