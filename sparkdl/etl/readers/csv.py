@@ -33,8 +33,8 @@ def read_csv(
     comment: str | None = None,
     encoding: str = "UTF-8",
 ) -> DataFrame:
-    """Read CSV files (a path, glob, list of paths, or an RDD of lines) with declared
-    ``columns`` (see :func:`~sparkdl.etl.readers.schema.parse_columns`).
+    """Read CSV files (a path, glob, list of paths, or a one-column DataFrame of lines) with
+    declared ``columns`` (see :func:`~sparkdl.etl.readers.schema.parse_columns`).
 
     The returned DataFrame is lazy; a malformed record raises when it is computed (the first
     action, e.g. the shard writer's check pass).
