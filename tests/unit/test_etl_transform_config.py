@@ -21,7 +21,8 @@ CONFIG = {
         {"op": "image_resize", "column": "image", "height": 14, "width": 14},
         {"op": "image_grayscale", "column": "image"},
         {"op": "image_scale", "column": "image", "max_value": 255.0},
-        {"op": "assemble", "features": ["x", "image"], "label": "c", "shape": None},
+        {"op": "assemble", "features": ["x", "image"], "label": "c", "shape": None,
+         "weight": None},
     ]
 }
 
