@@ -185,7 +185,7 @@ def test_a_keras_estimator_pipeline_fits_and_transforms(connect):
     pipeline = Pipeline(stages=[
         StringIndexer(inputCol="kind", outputCol="label"),
         VectorAssembler(inputCols=["x", "z"], outputCol="features"),
-        KerasEstimator(model=net, epochs=5, batchSize=16,
+        KerasEstimator(model=net, epochs=40, batchSize=16,
                        trainingConfig={"mode": "dense", "num_workers": 2}),
     ])
     out = pipeline.fit(df).transform(df).select("label", "prediction").collect()
