@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 import uuid
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
@@ -57,6 +59,21 @@ _NOT_SAVED = ("customObjects", "callbacks")  # by value beside the metadata, or 
 CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
 
 log = logging.getLogger("sparkdl")
+
+
+class _SharedShards:
+    """The shards one ``fitMultiple`` wrote, by write options; thread-safe (Spark ML's
+    ``parallelism`` fits several param maps at once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shards: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, write: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._shards:
+                self._shards[key] = write()
+            return self._shards[key]
 
 
 def _to_validation(value: Any) -> float | str:
@@ -197,7 +214,25 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
                 describe_validation_error(exc, "KerasEstimator.trainingConfig")
             ) from None
 
-    def _fit(self, dataset: DataFrame) -> KerasModel:
+    def fitMultiple(
+        self, dataset: DataFrame, paramMaps: Sequence[dict[Param, Any]],
+    ) -> Iterator[tuple[int, KerasModel]]:
+        """Spark ML's ``fitMultiple`` (what ``CrossValidator`` / ``TrainValidationSplit`` call
+        per fold): the fits of the grid write ``dataset``'s shards once per set of write
+        options (columns, label kind, weights, validation split, store, worker count) and share
+        them. Spark ML caches a fold's rows, and the run store's fingerprint never reuses a
+        cached DataFrame, so without this every fit of the grid would write its own copy."""
+        from pyspark.ml.base import _FitMultipleIterator
+
+        estimator = self.copy()
+        shared = _SharedShards()
+
+        def fit_one(index: int) -> KerasModel:
+            return estimator.copy(paramMaps[index])._fit(dataset, shared)
+
+        return _FitMultipleIterator(fit_one, len(paramMaps))
+
+    def _fit(self, dataset: DataFrame, shared: _SharedShards | None = None) -> KerasModel:
         from sparkdl.spark_model import SparkModel
         from sparkdl.training.masters import master_from_training_config
         from sparkdl.training.serialization import model_from_bytes, model_to_bytes
@@ -214,17 +249,30 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
         spark_model = SparkModel(dataset.sparkSession, model,
                                  master_from_training_config(training, model),
                                  custom_objects=custom_objects)
-        train, held_out = self._validation_split(dataset)
+        write = {"features_col": self.getFeaturesCol(), "label_col": self.getLabelCol(),
+                 "label_kind": None if label_kind == "auto" else label_kind,
+                 "store": self.getOrDefault(self.store) or training.store,
+                 "keep_shards": self.getOrDefault(self.keepShards)}
+        weight_col = self.getOrDefault(self.sampleWeightCol) or None
+
+        def split() -> tuple[str | DataFrame, str | DataFrame | None]:
+            train, held_out = self._validation_split(dataset)
+            if shared is None:
+                return train, held_out
+            return (
+                spark_model._shards_of(train, **write, weight_col=weight_col),
+                None if held_out is None else spark_model._shards_of(
+                    held_out, **write, weight_col=weight_col, what="fit(validation_data)"),
+            )
+
+        key = (tuple(sorted(write.items())), weight_col, self.getOrDefault(self.validation),
+               self.getOrDefault(self.seed), training.num_workers)
+        train, held_out = split() if shared is None else shared.get(key, split)
         history = spark_model.fit(
-            train, epochs=training.epochs, features_col=self.getFeaturesCol(),
-            label_col=self.getLabelCol(),
-            label_kind=None if label_kind == "auto" else label_kind,
-            store=self.getOrDefault(self.store) or training.store,
-            keep_shards=self.getOrDefault(self.keepShards),
-            verbose=self.getOrDefault(self.verbose),
+            train, epochs=training.epochs, **write, verbose=self.getOrDefault(self.verbose),
             validation_data=held_out,
             callbacks=list(self.getOrDefault(self.callbacks) or []) or None,
-            sample_weight_col=self.getOrDefault(self.sampleWeightCol) or None,
+            sample_weight_col=weight_col,
             class_weight=self.getOrDefault(self.classWeight) or None,
         )
         spec = spark_model.label_spec
