@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 import uuid
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
@@ -53,9 +55,45 @@ if TYPE_CHECKING:
 
     from sparkdl.training.driver import FitResult
 
+_NOT_SAVED = ("customObjects", "callbacks")  # by value beside the metadata, or not at all
 CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
 
 log = logging.getLogger("sparkdl")
+
+
+class _SharedShards:
+    """The shards one ``fitMultiple`` wrote, by write options; thread-safe (Spark ML's
+    ``parallelism`` fits several param maps at once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shards: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, write: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._shards:
+                self._shards[key] = write()
+            return self._shards[key]
+
+
+def _to_validation(value: Any) -> float | str:
+    """``validation``: a fraction in [0, 1) or a column name."""
+    if isinstance(value, str):
+        return value
+    fraction = TypeConverters.toFloat(value)
+    if not 0 <= fraction < 1:
+        raise TypeError(f"validation must be a fraction in [0, 1) or a column name, got {value!r}")
+    return fraction
+
+
+def _to_class_weight(value: Any) -> dict[int, float]:
+    """``classWeight``: ``{class index: weight}`` (keys may arrive as strings from JSON)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"classWeight must be a dict {{class index: weight}}, got {value!r}")
+    try:
+        return {int(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError):
+        raise TypeError(f"classWeight must map class indices to numbers, got {value!r}") from None
 
 
 class _HasLabelKind(Params):
@@ -109,7 +147,15 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
     run store URI; default ``trainingConfig["store"]``, else a temporary directory),
     ``keepShards``, ``verbose``, ``customObjects`` (the model's custom layers, losses, ... by
     name; the fitted :class:`KerasModel` keeps them).
-    The model passed in is never changed: each ``fit`` trains a copy.
+    ``learningRate`` (the optimizer's learning rate for this fit; default: the model's),
+    ``callbacks`` (Keras callbacks run on the driver, as in ``SparkModel.fit``; not saved),
+    ``validation`` (a fraction of the rows held out by a seeded random split, or the name
+    of a boolean column whose true rows are held out; the fit reports ``val_*``),
+    ``sampleWeightCol`` (a numeric column of per-row sample weights), ``classWeight``
+    (``{class index: weight}``, Keras's ``class_weight``).
+    The model passed in is never changed: each ``fit`` trains a copy. Tuning: the stage works
+    in ``CrossValidator`` / ``TrainValidationSplit`` with a ``ParamGridBuilder`` over any of
+    these Params; fits of the same rows reuse one written copy of them in the run store.
     """
 
     epochs = Param(Params._dummy(), "epochs", "number of epochs",
@@ -124,6 +170,22 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
                        typeConverter=TypeConverters.toBoolean)
     verbose = Param(Params._dummy(), "verbose", "0 silent, 1 progress bar, 2 line per epoch",
                     typeConverter=TypeConverters.toInt)
+    learningRate = Param(Params._dummy(), "learningRate",
+                         "the optimizer's learning rate (0 = the model's own)",
+                         typeConverter=TypeConverters.toFloat)
+    callbacks = Param(Params._dummy(), "callbacks",
+                      "Keras callbacks run on the driver during the fit (not saved)")
+    validation = Param(Params._dummy(), "validation",
+                       "held-out rows: a fraction in (0, 1), or a boolean column's name "
+                       "(true rows held out); 0 or '' = none", typeConverter=_to_validation)
+    sampleWeightCol = Param(Params._dummy(), "sampleWeightCol",
+                            "numeric column of per-row sample weights ('' = none)",
+                            typeConverter=TypeConverters.toString)
+    classWeight = Param(Params._dummy(), "classWeight",
+                        "{class index: weight}, Keras's class_weight",
+                        typeConverter=_to_class_weight)
+    seed = Param(Params._dummy(), "seed", "seed of the validation split",
+                 typeConverter=TypeConverters.toInt)
 
     def __init__(self, model: keras.Model | None = None, **params: Any) -> None:
         super().__init__()
@@ -132,7 +194,8 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          probabilityCol="probability", labelKind="auto", epochs=10,
                          batchSize=32, trainingConfig={}, store="", keepShards=False,
-                         verbose=0, customObjects={})
+                         verbose=0, customObjects={}, learningRate=0.0, callbacks=[],
+                         validation=0.0, sampleWeightCol="", classWeight={}, seed=0)
         self._set(**params)
 
     def training_config(self) -> TrainingConfig:
@@ -151,7 +214,25 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
                 describe_validation_error(exc, "KerasEstimator.trainingConfig")
             ) from None
 
-    def _fit(self, dataset: DataFrame) -> KerasModel:
+    def fitMultiple(
+        self, dataset: DataFrame, paramMaps: Sequence[dict[Param, Any]],
+    ) -> Iterator[tuple[int, KerasModel]]:
+        """Spark ML's ``fitMultiple`` (what ``CrossValidator`` / ``TrainValidationSplit`` call
+        per fold): the fits of the grid write ``dataset``'s shards once per set of write
+        options (columns, label kind, weights, validation split, store, worker count) and share
+        them. Spark ML caches a fold's rows, and the run store's fingerprint never reuses a
+        cached DataFrame, so without this every fit of the grid would write its own copy."""
+        from pyspark.ml.base import _FitMultipleIterator
+
+        estimator = self.copy()
+        shared = _SharedShards()
+
+        def fit_one(index: int) -> KerasModel:
+            return estimator.copy(paramMaps[index])._fit(dataset, shared)
+
+        return _FitMultipleIterator(fit_one, len(paramMaps))
+
+    def _fit(self, dataset: DataFrame, shared: _SharedShards | None = None) -> KerasModel:
         from sparkdl.spark_model import SparkModel
         from sparkdl.training.masters import master_from_training_config
         from sparkdl.training.serialization import model_from_bytes, model_to_bytes
@@ -161,16 +242,38 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
         custom_objects = self.getCustomObjects() or None
         # a copy: fit twice, same start
         model = model_from_bytes(model_to_bytes(self.model), custom_objects)
+        if self.getOrDefault(self.learningRate) > 0:
+            from sparkdl.training.events import set_learning_rate
+
+            set_learning_rate(model.optimizer, self.getOrDefault(self.learningRate))
         spark_model = SparkModel(dataset.sparkSession, model,
                                  master_from_training_config(training, model),
                                  custom_objects=custom_objects)
+        write = {"features_col": self.getFeaturesCol(), "label_col": self.getLabelCol(),
+                 "label_kind": None if label_kind == "auto" else label_kind,
+                 "store": self.getOrDefault(self.store) or training.store,
+                 "keep_shards": self.getOrDefault(self.keepShards)}
+        weight_col = self.getOrDefault(self.sampleWeightCol) or None
+
+        def split() -> tuple[str | DataFrame, str | DataFrame | None]:
+            train, held_out = self._validation_split(dataset)
+            if shared is None:
+                return train, held_out
+            return (
+                spark_model._shards_of(train, **write, weight_col=weight_col),
+                None if held_out is None else spark_model._shards_of(
+                    held_out, **write, weight_col=weight_col, what="fit(validation_data)"),
+            )
+
+        key = (tuple(sorted(write.items())), weight_col, self.getOrDefault(self.validation),
+               self.getOrDefault(self.seed), training.num_workers)
+        train, held_out = split() if shared is None else shared.get(key, split)
         history = spark_model.fit(
-            dataset, epochs=training.epochs, features_col=self.getFeaturesCol(),
-            label_col=self.getLabelCol(),
-            label_kind=None if label_kind == "auto" else label_kind,
-            store=self.getOrDefault(self.store) or training.store,
-            keep_shards=self.getOrDefault(self.keepShards),
-            verbose=self.getOrDefault(self.verbose),
+            train, epochs=training.epochs, **write, verbose=self.getOrDefault(self.verbose),
+            validation_data=held_out,
+            callbacks=list(self.getOrDefault(self.callbacks) or []) or None,
+            sample_weight_col=weight_col,
+            class_weight=self.getOrDefault(self.classWeight) or None,
         )
         spec = spark_model.label_spec
         fitted = KerasModel(
@@ -181,6 +284,29 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
         )
         fitted.history = history
         return fitted
+
+
+    def _validation_split(self, dataset: DataFrame) -> tuple[DataFrame, DataFrame | None]:
+        """``(training rows, held-out rows or None)`` as ``validation`` says."""
+        from pyspark.sql import functions as F
+
+        validation = self.getOrDefault(self.validation)
+        if isinstance(validation, str):
+            if not validation:
+                return dataset, None
+            fields = {f.name: f.dataType.typeName() for f in dataset.schema.fields}
+            if fields.get(validation) != "boolean":
+                raise ConfigurationError(
+                    f"KerasEstimator.validation: {validation!r} must name a boolean column "
+                    f"(columns: {', '.join(f'{k} {v}' for k, v in fields.items())})"
+                )
+            held = F.col(validation)
+            return dataset.filter(~held), dataset.filter(held)
+        if validation == 0:
+            return dataset, None
+        train, held_out = dataset.randomSplit([1 - validation, validation],
+                                              seed=self.getOrDefault(self.seed))
+        return train, held_out
 
 
 class KerasModel(_KerasParams, Model, MLWritable, MLReadable):
@@ -267,7 +393,8 @@ class _KerasStageWriter(MLWriter):
         from sparkdl.training.serialization import model_to_bytes
 
         instance = self.instance
-        params = {p.name: v for p, v in instance._paramMap.items() if p.name != "customObjects"}
+        params = {p.name: v for p, v in instance._paramMap.items()
+                  if p.name not in _NOT_SAVED}
         DefaultParamsWriter.saveMetadata(instance, path, self.sparkSession, paramMap=params)
         fs, root = resolve(path)
         fs.create_dir(root, recursive=True)
@@ -305,7 +432,7 @@ class _KerasStageReader(MLReader):
         with fs.open_input_stream(join(root, MODEL_FILE)) as stream:
             model = model_from_bytes(stream.read(), custom_objects or None)
         instance = self.cls(model)
-        DefaultParamsReader.getAndSetParams(instance, metadata, skipParams=["customObjects"])
+        DefaultParamsReader.getAndSetParams(instance, metadata, skipParams=list(_NOT_SAVED))
         instance._set(customObjects=custom_objects)
         instance._resetUid(metadata["uid"])
         return instance

@@ -22,6 +22,8 @@ from sparkdl.training.launcher import ChannelSettings
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import keras
     from pyspark.sql import DataFrame, SparkSession
 
@@ -238,12 +240,13 @@ class SparkModel(KerasFit):
         batch_size: int = 256,
         *,
         normalizer: Normalizer | dict[str, Any] | str | None = None,
-        features_col: FeaturesCol = "features",
-        label_kind: str | None = None,
+        features_col: FeaturesCol | Mapping[str, FeaturesCol] = "features",
+        label_kind: str | Mapping[str, str] | None = None,
         prediction_col: str = "prediction",
         probability_col: str = "probability",
     ) -> DataFrame:
-        """Predict on a shard directory or a DataFrame; its rows with Spark ML columns
+        """Predict on a shard directory or a DataFrame; its rows with Spark ML columns, one
+        ``<prediction_col>_<output>`` per output of a multi-output model
         (:func:`sparkdl.spark.inference.predict`)."""
         from sparkdl.spark import inference
 

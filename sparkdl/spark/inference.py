@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import pickle
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, DataError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
+from sparkdl.spark.predict_multi import (
+    dataframe_inputs,
+    is_multi_model,
+    output_kinds,
+    predict_multi,
+)
 from sparkdl.storage import apply_environment, s3_environment, spark_uri
 from sparkdl.training.model_check import check_model_fits_shards
 
@@ -121,12 +127,18 @@ def predict(
     batch_size: int = 256,
     *,
     normalizer: Normalizer | dict[str, Any] | str | None = None,
-    features_col: FeaturesCol = "features",
-    label_kind: str | None = None,
+    features_col: FeaturesCol | Mapping[str, FeaturesCol] = "features",
+    label_kind: str | Mapping[str, str] | None = None,
     prediction_col: str = "prediction",
     probability_col: str = "probability",
 ) -> DataFrame:
     """Predict on a shard directory or a DataFrame; returns its rows with Spark ML columns.
+
+    A model with several inputs or outputs (multi-input/output shards, or a DataFrame with
+    ``features_col={input name: column}``, by default the columns named after the inputs)
+    gets one ``<prediction_col>_<output>`` column per output and, for a class output,
+    ``<probability_col>_<output>`` (:mod:`sparkdl.spark.predict_multi`); ``label_kind`` may
+    then be a dict by output name.
 
     Classification: ``prediction`` (double, the class index) and ``probability`` (a Spark
     ML vector of the class probabilities). Regression: ``prediction`` is the model's
@@ -149,18 +161,27 @@ def predict(
     norm_config = normalizer_config(normalizer)
     if isinstance(data, str):
         metadata = read_metadata(data)
-        if metadata.multi:
-            raise ConfigurationError(
-                f"predict() on {data}: shards with several inputs and outputs are not "
-                "supported yet; evaluate() them, or predict with the Keras model on "
-                "sparkdl.data.reader.read_all(...)"
-            )
         check_model_fits_shards(model, metadata, data, training=False)
         df = spark_model.spark.read.parquet(*[_join(data, f.path) for f in metadata.files])
+        if metadata.multi:
+            _no_normalizer(norm_config)
+            return predict_multi(
+                spark_model, df, [(t.name, F.col(t.name), t.shape) for t in metadata.inputs],
+                output_kinds(model, label_kind, metadata), batch_size, prediction_col,
+                probability_col)
         feature_shape = metadata.feature_shape
         kind = label_kind or metadata.label_kind
+        column: FeaturesCol = "features"
+    elif _is_dataframe(data) and is_multi_model(model):
+        _no_normalizer(norm_config)
+        return predict_multi(spark_model, data, dataframe_inputs(data, model, features_col),
+                             output_kinds(model, label_kind, None), batch_size, prediction_col,
+                             probability_col)
     elif _is_dataframe(data):
-        df = data
+        if isinstance(features_col, Mapping):
+            raise ConfigurationError("predict(): features_col as a dict by input name is for "
+                                     "models with several inputs")
+        df, column = data, features_col
         feature_shape = [int(d) for d in model.input_shape[1:]]
         fitted = spark_model.label_spec.kind if spark_model.label_spec else None
         kind = label_kind or fitted or infer_model_kind(model)
@@ -169,6 +190,9 @@ def predict(
             "predict() takes a Spark DataFrame or the URI of a shard directory (str), "
             f"got {type(data).__name__}"
         )
+    if isinstance(kind, Mapping):
+        raise ConfigurationError("predict(): label_kind as a dict by output name is for "
+                                 "models with several outputs")
     if kind not in ("class", "regression"):
         raise ConfigurationError(f"label_kind must be 'class' or 'regression', got {kind!r}")
     for name in (prediction_col, probability_col):
@@ -177,7 +201,7 @@ def predict(
                             "choose another output column name")
     udf = scores_udf(spark_model, feature_shape, batch_size, norm_config)
     inputs, scores = "__sparkdl_inputs", F.col("__sparkdl_scores")
-    out = (df.withColumn(inputs, features_column(df, features_col))
+    out = (df.withColumn(inputs, features_column(df, column))
            .withColumn("__sparkdl_scores", udf(F.col(inputs))))
     width = model_output_width(model)
     if kind == "regression":
@@ -192,6 +216,14 @@ def predict(
         out = (out.withColumn(prediction_col, argmax.cast("double"))
                .withColumn(probability_col, array_to_vector(scores)))
     return out.drop(inputs, "__sparkdl_scores")
+
+
+def _no_normalizer(norm_config: dict[str, Any] | None) -> None:
+    if norm_config is not None:
+        raise ConfigurationError(
+            "predict(normalizer=...) normalizes one features tensor; a model with several "
+            "inputs or outputs takes shards or columns already normalized"
+        )
 
 
 def scores_udf(

@@ -105,3 +105,36 @@ def test_digits_split_conf_runs_every_stage(spark, tmp_path):
     assert 0.0 <= metrics["test_digit_accuracy"] <= 1.0
     assert np.isfinite(metrics["test_ink_mse"])
     assert "<td>ink</td>" in (tmp_path / "run" / "report.html").read_text()
+
+
+def _check_predictions(model, rows, top: str, bottom: str) -> None:  # type: ignore[no-untyped-def]
+    x = {"top": np.array([r[top] for r in rows], np.float32).reshape(-1, 4, 8, 1),
+         "bottom": np.array([r[bottom] for r in rows], np.float32).reshape(-1, 4, 8, 1)}
+    expected = model.predict(x, verbose=0)
+    probability = np.array([r["probability_digit"].toArray() for r in rows])
+    np.testing.assert_allclose(probability, expected["digit"], atol=1e-5)
+    assert [r["prediction_digit"] for r in rows] == list(expected["digit"].argmax(axis=1))
+    np.testing.assert_allclose([r["prediction_ink"] for r in rows], expected["ink"][:, 0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_predict_gives_a_column_per_output_for_multi_io_shards_and_dataframes(
+    spark, split_shards
+):
+    from pyspark.sql import functions as F
+
+    spark_model = SparkModel(spark, _two_in_two_out(), SharedTrainingMaster(num_workers=2))
+    out = spark_model.predict(split_shards["test"], batch_size=50)
+    assert {"prediction_digit", "probability_digit", "prediction_ink"} <= set(out.columns)
+    assert "probability_ink" not in out.columns  # a regression output has no probabilities
+    rows = out.collect()
+    assert len(rows) == split_shards["test_rows"]
+    _check_predictions(spark_model.model, rows, "top", "bottom")
+
+    df = spark.read.parquet(split_shards["test"]).select(
+        F.col("top").alias("upper"), F.col("bottom").alias("lower"))
+    rows = spark_model.predict(df, features_col={"top": "upper", "bottom": "lower"}).collect()
+    assert len(rows) == split_shards["test_rows"]
+    _check_predictions(spark_model.model, rows, "upper", "lower")
+    with pytest.raises(Exception, match="input 'bottom'"):
+        spark_model.predict(df, features_col={"top": "upper"})

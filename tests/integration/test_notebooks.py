@@ -33,6 +33,8 @@ def test_jupyter_notebook_runs_with_plots_and_progress(tmp_path, monkeypatch):
     assert "Accuracy:" in text
     assert "Epoch 1/" in text  # the driver's progress bar
     assert "stopped at epoch" in text  # the callbacks' effect is shown
+    assert "recall of 3 and 8 with class weights" in text
+    assert text.count("cross-validated accuracy") == 2  # a CrossValidator over two rates
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(figures) >= 2, "history curves and confusion matrix were not drawn"
 
