@@ -20,6 +20,8 @@ class DenseAllreduceExchange(UpdateExchange):
     :meth:`get_state` apply the gradient in flight first.
     """
 
+    non_finite_travels = True  # a non-finite gradient makes the mean non-finite everywhere
+
     def __init__(self, model: tf.keras.Model, comm: Communicator, *, overlap: bool = False):
         super().__init__(model, comm, overlap=overlap)
 
