@@ -85,3 +85,20 @@ def test_a_mixed_float16_model_reaches_the_float32_accuracy_on_digits(tmp_path, 
     print(master.mode, "digits test accuracy:", results)
     assert results["float32"] > 0.9, results
     assert results["mixed_float16"] >= results["float32"] - 0.01, results
+
+
+def test_the_bfloat16_wire_halves_the_bytes_and_reaches_the_float32_wire_accuracy(tmp_path):
+    x_train, x_test, y_train, y_test = _digits()
+    uri = write_digits_shards(tmp_path / "train", x_train, y_train)
+    results, sent = {}, {}
+    for wire in ("float32", "bfloat16"):
+        wrapper = ParallelWrapper(digits_model("float32"),
+                                  DenseTrainingMaster(BATCH, 2, seed=3, wire_dtype=wire),
+                                  timeout_s=120)
+        fit = wrapper.fit(uri, epochs=EPOCHS, verbose=0)
+        assert fit.metrics["replicas_identical"] is True
+        results[wire] = accuracy(wrapper.model, x_test, y_test)
+        sent[wire] = fit.metrics["bytes_per_step"]
+    print("dense digits test accuracy by wire:", results, "bytes per step:", sent)
+    assert 0.45 < sent["bfloat16"] / sent["float32"] < 0.55, sent
+    assert results["bfloat16"] >= results["float32"] - 0.01, results
