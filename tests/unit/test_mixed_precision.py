@@ -166,3 +166,36 @@ def test_a_shipped_mixed_float16_model_keeps_its_loss_scale_optimizer_and_state(
     assert loaded.layers[0].compute_dtype == "float16"
     assert not isinstance(model._compile_config.config["optimizer"],
                           keras.optimizers.LossScaleOptimizer)  # the model's config is restored
+
+
+def test_mixed_bfloat16_needs_no_loss_scale_and_applies_the_float32_update():
+    model = _model("mixed_bfloat16", lambda: keras.optimizers.SGD(0.5))
+    assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    (mixed, _, scale), = _step_once(DENSE, "mixed_bfloat16", 1)
+    (full, _, _), = _step_once(DENSE, "float32", 1)
+    assert scale == 1.0
+    for got, expected in zip(mixed, full, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0.05, atol=1e-3)
+
+
+@pytest.mark.parametrize("make", [
+    lambda m, c: DenseAllreduceExchange(m, c, overlap=True),
+    lambda m, c: SharedTrainingMaster(16, 2, threshold=FixedThreshold(TAU), encoder="host",
+                                      overlap=True).create_exchange(m, c, job_id=1),
+], ids=["dense", "sharing"])
+def test_with_overlap_skips_and_scales_stay_alike_and_replicas_bit_identical(make):
+    models = [_model("mixed_float16", lambda: keras.optimizers.Adam(0.01)) for _ in range(2)]
+
+    def train(rank: int, comm) -> tuple[list[float], list[np.ndarray]]:  # type: ignore[no-untyped-def]
+        exchange = make(models[rank], comm)
+        scales = []
+        for step in range(6):
+            exchange.step(*_batch(10 * step + rank, huge=rank == 1 and step in (1, 4)), step)
+            scales.append(exchange.loss_scale.value)
+        exchange.finish()
+        return scales, models[rank].get_weights()
+
+    (scales0, weights0), (scales1, weights1) = run_threads(2, train)
+    assert scales0 == scales1 and min(scales0) < SCALE  # the overflows halved the scale
+    assert all(np.array_equal(a, b) for a, b in zip(weights0, weights1, strict=True))
+    assert all(np.isfinite(w).all() for w in weights0)
