@@ -74,12 +74,12 @@ def scaled_gradients(optimizer: Any, tape: tf.GradientTape, loss: tf.Tensor,
                      variables: list[Any]) -> list[Any]:
     """(In a graph) the gradients of ``loss`` with respect to ``variables``; with a
     ``LossScaleOptimizer``, of the scaled loss, divided by the scale again (float32, as its
-    ``apply`` unscales them). ``loss`` must be :func:`scale` 's output recorded by ``tape``."""
+    ``apply`` unscales them). ``loss``: the output of :func:`scale`, recorded by ``tape``."""
     grads = tape.gradient(loss, variables)
     if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return grads
-    scale = tf.cast(optimizer.dynamic_scale, tf.float32)
-    return [None if g is None else tf.cast(g, tf.float32) / scale for g in grads]
+    factor = tf.cast(optimizer.dynamic_scale, tf.float32)  # read when the graph runs
+    return [None if g is None else tf.cast(g, tf.float32) / factor for g in grads]
 
 
 def scale(optimizer: Any, loss: tf.Tensor) -> tf.Tensor:
