@@ -217,6 +217,10 @@ class TrainingConfig(_Section):
         description="sharing and dense: exchange step t's message while step t+1 computes; "
         "it is applied before step t+1's update (staleness one step, the same on every rank)",
     )
+    wire_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="mode dense: the allreduce's wire format; bfloat16 halves the bytes",
+    )
     averaging_frequency: int = Field(default=5, ge=1)
     save_updater: bool = True
     report_score_after_averaging: bool = False
@@ -273,6 +277,12 @@ class TrainingConfig(_Section):
             raise ValueError(
                 "overlap: true applies to mode 'sharing' or 'dense', not 'averaging'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _wire_mode(self) -> TrainingConfig:
+        if self.wire_dtype != "float32" and self.mode in ("sharing", "averaging"):
+            raise ValueError(f"wire_dtype applies to mode 'dense', not {self.mode!r}")
         return self
 
     @model_validator(mode="after")

@@ -71,8 +71,16 @@ _OP_NAMES = {
     6: "mesh broadcast",
     7: "mesh allreduce(float32)",
     8: "mesh allreduce(float64)",
+    9: "allreduce(bfloat16)",
 }
+_OP_ALLREDUCE_BF16 = 9
 _DTYPE_OPS = {np.dtype(np.float32): _OP_ALLREDUCE_F32, np.dtype(np.float64): _OP_ALLREDUCE_F64}
+try:  # bfloat16 (ml_dtypes, installed with TensorFlow and JAX): the dense exchange's wire
+    import ml_dtypes
+
+    _DTYPE_OPS[np.dtype(ml_dtypes.bfloat16)] = _OP_ALLREDUCE_BF16
+except ImportError:  # pragma: no cover - without it bfloat16 arrays cannot exist
+    pass
 _SHM_FLAG = 0x80  # in a header's op: the payload follows as shared-memory notices
 _NOTE = struct.Struct("<BBHI")  # magic, 0, slot number (low 16 bits), payload bytes in the slot
 _NOTE_MAGIC = 0xC5
@@ -309,7 +317,7 @@ class TcpRingCommunicator(Communicator):
         code = _DTYPE_OPS.get(arr.dtype)
         if code is None:
             raise ConfigurationError(
-                f"allreduce dtype: expected float32 or float64, got {arr.dtype}"
+                f"allreduce dtype: expected float32, float64 or bfloat16, got {arr.dtype}"
             )
         src = np.ascontiguousarray(arr).reshape(-1)
         out = self._ring_allreduce(src, code) if self.world_size > 1 else src.copy()

@@ -179,8 +179,8 @@ def _scores_udf(
     import pandas as pd
     from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
 
-    from sparkdl.session import task_cpus
     from sparkdl.spark.inference import _load_task_model
+    from sparkdl.spark.session import task_cpus
     from sparkdl.storage import apply_environment, s3_environment
     from sparkdl.training.serialization import model_to_bytes
 

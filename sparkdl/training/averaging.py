@@ -36,6 +36,7 @@ class ParameterAveragingExchange(UpdateExchange):
         report_score_after_averaging: bool = False,
     ) -> None:
         super().__init__(model, comm)
+        self.loss_scale = None  # local steps: the LossScaleOptimizer decides for itself
         self.averaging_frequency = averaging_frequency
         self.save_updater = save_updater
         self.report_score_after_averaging = report_score_after_averaging
@@ -51,10 +52,13 @@ class ParameterAveragingExchange(UpdateExchange):
         return model_loss(self.model, x, y, y_pred, sample_weight, False)
 
     def _train_step_fn(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        """One local step as Keras's ``train_step`` (a ``LossScaleOptimizer`` scales the loss,
+        unscales the gradient and skips a non-finite step itself: local steps are local)."""
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
+            scaled = self.model.optimizer.scale_loss(loss)
         variables = self.model.trainable_variables
-        self.model.optimizer.apply(tape.gradient(loss, variables), variables)
+        self.model.optimizer.apply(tape.gradient(scaled, variables), variables)
         return loss
 
     def average(self) -> None:

@@ -14,6 +14,7 @@ from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
 from sparkdl.training import timeline
 from sparkdl.training.host_views import shared_tensor
+from sparkdl.training.loss_scale import LossScale, inner_optimizer, scale, scaled_gradients
 from sparkdl.training.metrics import CompiledMetrics
 from sparkdl.training.overlap import InFlightExchange, overlap_timeout
 from sparkdl.training.variables import FlatVariables
@@ -64,7 +65,20 @@ class UpdateExchange(abc.ABC):
     micro-batch's gradient to a float32 sum and exchanges the mean of ``k`` of them once every
     ``k`` calls (the pending sum is part of the state). Only for exchanges whose update is the
     gradient (the template's :meth:`compute_update`: dense and one-method exchanges).
+
+    Loss scaling (``mixed_float16``: Keras wraps the optimizer in a ``LossScaleOptimizer``,
+    :attr:`loss_scale`): the gradient is taken of the scaled loss and unscaled where it is
+    computed, so the update is exchanged in float32 at its true size; the inner optimizer
+    applies it. Whether a step is skipped (a non-finite gradient on any rank) is decided
+    alike on every rank, and every rank halves or grows the scale alike: exchanges whose
+    message carries a non-finite value to every rank (:attr:`non_finite_travels`, the dense
+    allreduce) decide in :meth:`apply` on the received mean; the others agree on a flag (one
+    allreduce of one float) before the encode and drop the update (:meth:`discard_update`).
     """
+
+    #: A non-finite update reaches every rank through :meth:`communicate` (a sum), so the
+    #: loss scale's skip decision can be taken on the received result.
+    non_finite_travels = False
 
     def __init__(
         self, model: tf.keras.Model, comm: Communicator, *, overlap: bool = False
@@ -79,6 +93,10 @@ class UpdateExchange(abc.ABC):
         self._evaluate_fn: Any = None
         self._gradients_fn: Any = None
         self._apply_gradients_fn: Any = None
+        #: The model's dynamic loss scale (None without a ``LossScaleOptimizer``).
+        self.loss_scale = LossScale.of(model.optimizer)
+        #: The optimizer that updates the weights (a ``LossScaleOptimizer``'s inner one).
+        self.optimizer = inner_optimizer(model.optimizer)
         self.accumulate_steps = 1
         self._accumulated: np.ndarray | None = None  # the sum of the pending micro-batches
         self._micro_batches = 0
@@ -103,7 +121,15 @@ class UpdateExchange(abc.ABC):
         may be :class:`~sparkdl.training.weights.Weighted` (labels with sample weights)."""
         watch = Stopwatch()
         loss, update, finite = self.compute_update(x, y, step)
-        if not bool(finite):
+        if self.loss_scale is not None and not self.non_finite_travels:
+            if self._in_flight is not None:
+                self.drain()  # the flag's collective must not race the one in flight
+            finite = self.loss_scale.agree(finite, self.comm)
+            self.loss_scale.update(finite)
+            if not finite:  # skipped on every rank, as LossScaleOptimizer skips
+                self.discard_update(update)
+                return StepResult(loss=float(loss), extra=self._scale_figures(skipped=True))
+        elif not bool(finite) and not (self.loss_scale is not None and self.non_finite_travels):
             return StepResult(loss=float(loss), finite_update=False)
         if self.accumulate_steps > 1:
             update = self._accumulate(update)
@@ -168,6 +194,9 @@ class UpdateExchange(abc.ABC):
         self._update_tensor = (update, grads)  # handed back as is if it comes back unchanged
         return loss, update, finite
 
+    def discard_update(self, update: Any) -> None:
+        """Drop an update that will not be encoded (a step the loss scale skips)."""
+
     def encode(self, update: Any, step: int) -> Any:
         """The message this worker sends (main thread); by default the update itself."""
         return update
@@ -183,14 +212,23 @@ class UpdateExchange(abc.ABC):
 
     def apply(self, decoded: Any, step: int) -> dict[str, float]:
         """Apply the decoded result to the model; returns the step's extra figures. By
-        default an optimizer step with ``decoded`` as the flat gradient."""
+        default an optimizer step with ``decoded`` as the flat gradient (with loss scaling
+        and :attr:`non_finite_travels`: skipped, and the scale halved, when it is not
+        finite — the same bits, so the same decision, on every rank)."""
         if self._apply_gradients_fn is None:
             self._apply_gradients_fn = tf.function(
                 self._apply_flat, input_signature=[tf.TensorSpec([None], tf.float32)]
             )
         # a tensor argument: a numpy one costs tf.function far more than the conversion
-        self._apply_gradients_fn(self._host_tensor(decoded))
-        return {}
+        applied = self._apply_gradients_fn(self._host_tensor(decoded))
+        if self.loss_scale is None or not self.non_finite_travels:
+            return {}
+        self.loss_scale.update(bool(applied))
+        return self._scale_figures(skipped=not bool(applied))
+
+    def _scale_figures(self, skipped: bool) -> dict[str, float]:
+        assert self.loss_scale is not None
+        return {"loss_scale": self.loss_scale.value, "loss_scale_skipped": float(skipped)}
 
     def _host_tensor(self, array: np.ndarray) -> tf.Tensor:
         """``array`` as a tensor without a copy: this step's own update (one rank) is its
@@ -287,18 +325,44 @@ class UpdateExchange(abc.ABC):
         self.metrics.update(x, y, y_pred, sample_weight)
         return loss
 
-    def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def _gradients(self, x: tf.Tensor, y: Any, variables: list[Any]) -> tuple[Any, list[Any]]:
+        """(In a graph) the batch loss and its gradients, as Keras's ``train_step`` takes
+        them (of ``optimizer.scale_loss(loss)``), unscaled with a ``LossScaleOptimizer``."""
         with tf.GradientTape() as tape:
             loss = self._loss(x, y)
-        grads = tape.gradient(loss, self.model.trainable_variables)
+            scaled = scale(self.model.optimizer, loss)
+        return loss, scaled_gradients(self.model.optimizer, tape, scaled, variables)
+
+    def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        loss, grads = self._gradients(x, y, self.model.trainable_variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self.model.trainable_variables)]
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
         return loss, flat, all_finite([flat])
 
-    def _apply_flat(self, flat: tf.Tensor) -> None:
-        """One optimizer step with the flat gradient ``flat``."""
-        self.model.optimizer.apply(self.trainable.split(flat), self.model.trainable_variables)
+    def _apply_flat(self, flat: tf.Tensor) -> tf.Tensor:
+        """One optimizer step with the flat gradient ``flat``; with loss scaling only when
+        it is finite. Returns whether it was applied."""
+        variables = self.model.trainable_variables
+        if self.loss_scale is None:
+            self.optimizer.apply(self.trainable.split(flat), variables)
+            return tf.constant(True)
+        return self._apply_if_finite(
+            lambda: self.optimizer.apply(self.trainable.split(flat), variables), [flat]
+        )
+
+    def _apply_if_finite(self, apply: Any, grads: list[Any], skip: Any = None) -> tf.Tensor:
+        """(In a graph) ``apply()`` when every gradient is finite, else ``skip()`` (so no
+        optimizer state takes a non-finite gradient); whether every one is."""
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads
+                                if g is not None])
+
+        def run(fn: Any, flag: bool) -> tf.Tensor:
+            if fn is not None:
+                fn()
+            return tf.constant(flag)
+
+        return tf.cond(finite, lambda: run(apply, True), lambda: run(skip, False))
 
 
 def model_loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool

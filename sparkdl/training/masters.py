@@ -293,6 +293,8 @@ class DenseTrainingMaster(TrainingMaster):
         overlap: Allreduce step t's gradient while step t+1's is computed, and apply it
             before step t+1's (one step stale, the same on every rank).
         seed: Seed of the workers' random state.
+        wire_dtype: ``"float32"`` or ``"bfloat16"`` (half the bytes on the wire, summed in
+            bfloat16 by the ring; applied as float32) (``training.wire_dtype``).
     """
 
     mode = "dense"
@@ -304,19 +306,25 @@ class DenseTrainingMaster(TrainingMaster):
         *,
         overlap: bool = False,
         seed: int = 42,
+        wire_dtype: str = "float32",
     ) -> None:
         super().__init__(batch_size_per_worker, num_workers, seed=seed)
         self.overlap = _check_bool("overlap", overlap)
+        if wire_dtype not in ("float32", "bfloat16"):
+            raise ConfigurationError(
+                f"wire_dtype must be 'float32' or 'bfloat16', got {wire_dtype!r}")
+        self.wire_dtype = wire_dtype
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "overlap": self.overlap}
+        return {**super().get_config(), "overlap": self.overlap, "wire_dtype": self.wire_dtype}
 
     def create_exchange(
         self, model: Any, comm: Communicator, *, job_id: int
     ) -> UpdateExchange:
         from sparkdl.training.dense import DenseAllreduceExchange
 
-        return DenseAllreduceExchange(model, comm, overlap=self.overlap)
+        return DenseAllreduceExchange(model, comm, overlap=self.overlap,
+                                      wire_dtype=self.wire_dtype)
 
 
 MASTERS: dict[str, type[TrainingMaster]] = {
@@ -387,7 +395,8 @@ def master_from_training_config(training: TrainingConfig, model: Any = None) -> 
             report_score_after_averaging=training.report_score_after_averaging,
         )
     if mode == "dense":
-        return DenseTrainingMaster(**common, overlap=training.overlap)
+        return DenseTrainingMaster(**common, overlap=training.overlap,
+                                   wire_dtype=training.wire_dtype)
     t = training.threshold
     threshold: ThresholdAlgorithm
     if t.algorithm == "fixed":

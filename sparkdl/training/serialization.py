@@ -8,9 +8,11 @@ file if a future Keras moves it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -29,15 +31,36 @@ def model_to_bytes(model: keras.Model) -> bytes:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built:
         optimizer.build(model.trainable_variables)
-    if _saving_lib is not None:
-        buffer = io.BytesIO()
-        _saving_lib.save_model(model, buffer)
-        return buffer.getvalue()
-    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
-        path = os.path.join(tmp, MODEL_FILE)
-        model.save(path)
-        with open(path, "rb") as f:
-            return f.read()
+    with _compiled_with_loss_scale(model):
+        if _saving_lib is not None:
+            buffer = io.BytesIO()
+            _saving_lib.save_model(model, buffer)
+            return buffer.getvalue()
+        with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
+            path = os.path.join(tmp, MODEL_FILE)
+            model.save(path)
+            with open(path, "rb") as f:
+                return f.read()
+
+
+@contextlib.contextmanager
+def _compiled_with_loss_scale(model: keras.Model) -> Iterator[None]:
+    """While saving, the compile config names the ``LossScaleOptimizer`` Keras wrapped the
+    optimizer in (``mixed_float16``). Keras saves the optimizer given to ``compile``: loaded,
+    the model would get the bare optimizer, no loss scaling, and its state would be skipped
+    (a different number of variables)."""
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    optimizer = getattr(model, "optimizer", None)
+    if (not isinstance(config, dict) or "optimizer" not in config
+            or not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        yield
+        return
+    given = config["optimizer"]
+    config["optimizer"] = optimizer
+    try:
+        yield
+    finally:
+        config["optimizer"] = given
 
 
 def model_from_bytes(data: bytes, custom_objects: dict[str, Any] | None = None) -> keras.Model:

@@ -13,7 +13,7 @@ from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.device_encoding import variable_device
 from sparkdl.training.exchange import UpdateExchange, all_finite
-from sparkdl.training.host_views import HostViews
+from sparkdl.training.host_views import HostViews, read_no_copy, writable
 from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
 
 
@@ -64,7 +64,7 @@ class GradientSharingExchange(UpdateExchange):
         variables = model.trainable_variables
         #: Why the optimizer's update is taken back out of the weights (None: the fused
         #: path, the optimizer writes the update into variables of its own).
-        self.fallback_reason = fallback_reason(model.optimizer, variables)
+        self.fallback_reason = fallback_reason(self.optimizer, variables)
         self._updates: UpdateVariables | None = None
         # Fallback: the shared weights W, identical on every worker and equal to the model's
         # weights between steps (the update graph takes each local update back out of them).
@@ -75,7 +75,7 @@ class GradientSharingExchange(UpdateExchange):
         self._reads: list[tf.Tensor] | None = None  # aliasing reads of W from this step
         if self.fallback_reason is None:
             with self._placement():
-                self._updates = UpdateVariables(model.optimizer, variables)
+                self._updates = UpdateVariables(self.optimizer, variables)
             host = not any("GPU" in variable_device(v).upper() for v in variables)
             if host and not self._on_device and all(v.dtype == "float32" for v in variables):
                 self._views = HostViews(variables)
@@ -110,15 +110,13 @@ class GradientSharingExchange(UpdateExchange):
         with ``flat=False``) and whether it is finite; the weights are W again afterwards
         (``u = v - w``, then ``v`` shares ``w``'s buffer until the next optimizer step)."""
         variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            loss = self._loss(x, y)
-        grads = tape.gradient(loss, variables)
-        self.model.optimizer.apply(grads, variables)
+        loss, grads = self._gradients(x, y, variables)
+        grads_finite = self._apply_if_finite(lambda: self.optimizer.apply(grads, variables), grads)
         pieces = []
         for variable, shared in zip(variables, self._shared):
             pieces.append(variable - shared)
             variable.assign(shared)
-        finite = all_finite(pieces)
+        finite = tf.logical_and(all_finite(pieces), grads_finite)
         if flat:
             return loss, tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0), finite
         return loss, pieces, finite
@@ -132,15 +130,18 @@ class GradientSharingExchange(UpdateExchange):
         in the fallback). Also returns reads of W that alias its buffers (for :meth:`apply`'s
         in-place addition)."""
         variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            loss = self._loss(x, y)
-        grads = tape.gradient(loss, variables)
+        loss, grads = self._gradients(x, y, variables)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, variables)]
         updates = self._updates
         assert updates is not None  # the fused path has them
-        pieces = updates.apply(grads)  # U holds this step's update, whatever it held
-        finite = all_finite(pieces)
+        if self.loss_scale is None:
+            pieces = updates.apply(grads)  # U holds this step's update, whatever it held
+            finite = all_finite(pieces)
+        else:  # a non-finite gradient (a skipped step) reaches no optimizer state; U keeps
+            # what it held, unread: the step ends before the encode
+            finite = self._apply_if_finite(lambda: updates.apply(grads), grads)
+            pieces = [read_no_copy(update) for update in updates.variables]
         reads = self._views.reads() if self._views is not None else []
         if flat:
             pieces = tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0)
@@ -197,6 +198,12 @@ class GradientSharingExchange(UpdateExchange):
         if not self._on_device:
             update = [np.asarray(piece) for piece in update]
         return loss, update, finite
+
+    def discard_update(self, update: Any) -> None:
+        if self._views is not None:  # U holds this rank's update: zero it for the next step
+            for piece in update:
+                writable(piece).fill(0)
+        self._reads = None
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
         return self.compressor.compress(update, step)
