@@ -45,9 +45,9 @@ def run(spark: SparkSession, output_dir: str, *, path: Any = None, overwrite: bo
         **options: Any) -> dict[str, Any]:
     """Write ``<output_dir>/train`` and ``<output_dir>/test`` shards of the iris data."""
     # the bundled lines as a one-column DataFrame, which Spark's CSV reader takes on classic
-    # Spark and on Spark Connect alike
+    # Spark and on Spark Connect alike (in order: the first line is the header it drops)
     source = path if path is not None else spark.createDataFrame(
-        [(line,) for line in iris_lines()], "value string").repartition(2)
+        [(line,) for line in iris_lines()], "value string")
     defaults = {"columns": COLUMNS, "transform": TRANSFORM, "header": True,
                 "test_fraction": 0.3, "rows_per_group": 16, "num_files": 4}
     return csvfile.run(spark, output_dir, path=source, overwrite=overwrite, pipeline="iris",
