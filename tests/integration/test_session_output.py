@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.spark
 
 _SCRIPT = """
-from sparkdl.session import default_parallelism, get_spark
+from sparkdl.session import get_spark
+from sparkdl.spark.session import default_parallelism
 spark = get_spark()
 print("rows", spark.range(5).count())
 print("parallelism as the context says:",
