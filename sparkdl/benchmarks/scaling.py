@@ -602,8 +602,10 @@ def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
         import pyarrow as pa
 
         for link in probe(batches):
-            yield pa.RecordBatch.from_pydict({"rank": [link["rank"]],
-                                              "result": [pickle.dumps(link)]})
+            yield pa.RecordBatch.from_pydict({
+                "rank": pa.array([link["rank"]], pa.int32()),
+                "result": pa.array([pickle.dumps(link)], pa.binary()),
+            })
 
     import pickle
 
