@@ -51,8 +51,9 @@ def _iris_split(spark):  # type: ignore[no-untyped-def]
 
 def test_iris_in_the_default_mode_reaches_dense_accuracy_on_every_seed(spark, tmp_path):
     """On so small a model the default (``auto``) resolves to dense with dense's settings: on
-    seed 1 it trains exactly dense's model (the same predictions, bit for bit), so on every
-    seed its accuracy is dense's, which is over 0.9 on each. Seven fits, not twelve."""
+    every seed it trains exactly dense's model (the same predictions, bit for bit), so it
+    reaches dense's accuracy on each of the 6 seeds, and none is starved (the sharing default
+    of issue 19 fell to 0.71 on two seeds of six)."""
     from _frame_fixtures import classifier
 
     from sparkdl.ml import KerasEstimator
@@ -68,12 +69,13 @@ def test_iris_in_the_default_mode_reaches_dense_accuracy_on_every_seed(spark, tm
         assert fitted.history.metrics["mode"] == "dense"  # what auto resolved to
         return fitted.model.predict(x_test, verbose=0)
 
-    default = {seed: fit(seed, {}) for seed in range(1, 7)}
-    dense = fit(1, {"mode": "dense"})
-    assert default[1].tobytes() == dense.tobytes()  # the default is dense: the same model
-    accuracy = {seed: float(np.mean(p.argmax(axis=1) == y_test)) for seed, p in default.items()}
+    accuracy = {}
+    for seed in range(1, 7):
+        default, dense = fit(seed, {}), fit(seed, {"mode": "dense"})
+        assert default.tobytes() == dense.tobytes(), seed  # the default is dense: same model
+        accuracy[seed] = float(np.mean(default.argmax(axis=1) == y_test))
     print("iris held-out accuracy by seed (default = dense):", accuracy)
-    assert all(a > 0.9 for a in accuracy.values()), accuracy
+    assert all(a > 0.8 for a in accuracy.values()), accuracy
 
 
 def _parity(fit_one) -> None:  # type: ignore[no-untyped-def]
