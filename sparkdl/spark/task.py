@@ -26,11 +26,19 @@ def training_function(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of the training stage. Everything it needs travels in its
     closure (cloudpickled with the function); ``spec_bytes`` is the cloudpickled spec, so
-    that a custom layer defined in ``__main__`` arrives by value."""
+    that a custom layer defined in ``__main__`` arrives by value. The driver's S3 settings
+    (:func:`~sparkdl.storage.s3_environment`) travel with it: checkpoints, the attempt log and
+    the shards may be on S3."""
+    from sparkdl.storage import s3_environment
+
+    environment = s3_environment()
 
     def train(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
+        from sparkdl.storage import apply_environment
+
+        apply_environment(environment)
         for _ in batches:  # the stage's input is one row per task: its rank
             pass
         rank, result = _train(spec_bytes, cluster, secret, attempts_uri)

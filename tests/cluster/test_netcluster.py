@@ -118,6 +118,39 @@ def test_pipeline_modes(cluster, tmp_path, mode):
     assert hosts == {h.ip for h in cluster.hosts}
 
 
+def test_only_the_training_stage_asks_for_gpus(cluster, tmp_path):
+    """Stage-level scheduling: the executors offer GPUs but no spark.task.resource.gpu.amount
+    is set; cluster.task_gpus=1 puts a ResourceProfile on the training stage alone. Each barrier
+    task got one GPU (CUDA_VISIBLE_DEVICES pinned before TensorFlow loaded), the two of each
+    host its two; the ETL and evaluate tasks ran on CPU slots with no GPU."""
+    trace = tmp_path / "gpu-trace.jsonl"
+    conf = {"spark.executorEnv.SPARKDL_GPU_TRACE": str(trace),
+            "spark.executor.resource.gpu.amount": str(GPUS),
+            "spark.python.worker.reuse": "false"}
+    out, data = tmp_path / "out", tmp_path / "data"
+    args = ["--conf", CONF, "--set", "training.num_workers=4", "--set", "training.mode=sharing",
+            "--set", "training.epochs=4", "--set", f"output.dir={out}",
+            "--set", f"data.dir={data}", "--set", "cluster.task_gpus=1"]
+    proc = submit(cluster, "jobs/pipeline.py", args, tmp_path, timeout=400, extra_conf=conf)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    train = [r for r in records if r["role"] == "train"]
+    model = [r for r in records if r["role"] == "model"]
+    assert len(train) == 4, records
+    assert model, "no evaluate task recorded its pin"
+    for record in train:
+        assert len(record["addresses"]) == 1, record
+        assert record["cuda_visible_devices"] == record["addresses"][0], record
+        assert record["tensorflow_loaded"] is False, record
+    assert all(r["addresses"] is None for r in model), model
+    per_host: dict[str, list[str]] = {}
+    for record in train:
+        per_host.setdefault(record["local_ip"], []).append(record["addresses"][0])
+    assert {ip: sorted(ids) for ip, ids in per_host.items()} == {
+        h.ip: ["0", "1"] for h in cluster.hosts
+    }
+
+
 def test_set_rate_and_attach(cluster):
     """Another process attaches to the running cluster from its state directory and changes
     the links' rate limit in both directions; the original limit comes back."""
@@ -154,36 +187,3 @@ def test_down_leaves_nothing(cluster):
     assert cluster.bridge not in links and not any(h.link in links for h in cluster.hosts)
     assert not [p for p in pids if p and os.path.exists(f"/proc/{p}")]
     assert not (cluster.state_dir / "state.json").exists()
-
-
-def test_only_the_training_stage_asks_for_gpus(cluster, tmp_path):
-    """Stage-level scheduling: the executors offer GPUs but no spark.task.resource.gpu.amount
-    is set; cluster.task_gpus=1 puts a ResourceProfile on the training stage alone. Each barrier
-    task got one GPU (CUDA_VISIBLE_DEVICES pinned before TensorFlow loaded), the two of each
-    host its two; the ETL and evaluate tasks ran on CPU slots with no GPU."""
-    trace = tmp_path / "gpu-trace.jsonl"
-    conf = {"spark.executorEnv.SPARKDL_GPU_TRACE": str(trace),
-            "spark.executor.resource.gpu.amount": str(GPUS),
-            "spark.python.worker.reuse": "false"}
-    out, data = tmp_path / "out", tmp_path / "data"
-    args = ["--conf", CONF, "--set", "training.num_workers=4", "--set", "training.mode=sharing",
-            "--set", "training.epochs=4", "--set", f"output.dir={out}",
-            "--set", f"data.dir={data}", "--set", "cluster.task_gpus=1"]
-    proc = submit(cluster, "jobs/pipeline.py", args, tmp_path, timeout=400, extra_conf=conf)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = [json.loads(line) for line in trace.read_text().splitlines()]
-    train = [r for r in records if r["role"] == "train"]
-    model = [r for r in records if r["role"] == "model"]
-    assert len(train) == 4, records
-    assert model, "no evaluate task recorded its pin"
-    for record in train:
-        assert len(record["addresses"]) == 1, record
-        assert record["cuda_visible_devices"] == record["addresses"][0], record
-        assert record["tensorflow_loaded"] is False, record
-    assert all(r["addresses"] is None for r in model), model
-    per_host: dict[str, list[str]] = {}
-    for record in train:
-        per_host.setdefault(record["local_ip"], []).append(record["addresses"][0])
-    assert {ip: sorted(ids) for ip, ids in per_host.items()} == {
-        h.ip: ["0", "1"] for h in cluster.hosts
-    }
