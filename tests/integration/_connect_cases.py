@@ -7,14 +7,13 @@ cannot share a process with the classic session of the other tests.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import sys
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from _log_capture import sparkdl_log
 
 
 @pytest.fixture(scope="module")
@@ -72,22 +71,6 @@ def trained(digits: dict):
     return model
 
 
-@contextlib.contextmanager
-def _sparkdl_log() -> Iterator[list[str]]:
-    messages: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("sparkdl")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
 def test_the_digits_etl_writes_its_shards(digits):
     from sparkdl.data.files import read_metadata
 
@@ -123,7 +106,7 @@ def test_evaluate_on_a_dataframe_reuses_its_shards(connect, digits, trained, tmp
     df = connect.read.parquet(*[f"{digits['test']}/{f.path}" for f in meta.files])
     spark_model = SparkModel(connect, trained, DenseTrainingMaster(num_workers=2))
     store = str(tmp_path / "store")
-    with _sparkdl_log() as messages:
+    with sparkdl_log() as messages:
         first = spark_model.evaluate(df, store=store)
         again = spark_model.evaluate(df, store=store)
     assert first.count == again.count == meta.num_rows

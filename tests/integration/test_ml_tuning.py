@@ -4,13 +4,10 @@ Spark and TensorFlow."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 from _frame_fixtures import classifier, iris_frame
+from _log_capture import sparkdl_log
 
 pytestmark = pytest.mark.spark
 
@@ -25,23 +22,6 @@ def iris(spark):  # type: ignore[no-untyped-def]
     df = StringIndexer(inputCol="species", outputCol="label").fit(df).transform(df)
     df = VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features").transform(df)
     return df.withColumn("w", F.lit(0.0)).withColumn("held", F.col("a") > 6.5)
-
-
-@contextlib.contextmanager
-def _store_messages() -> Iterator[list[str]]:
-    """The run store's ``writing shards`` / ``reusing shards`` messages inside the block."""
-    messages: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("sparkdl")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def _writes(messages: list[str]) -> int:
@@ -134,7 +114,7 @@ def test_cross_validator_grid_fits_reuse_one_copy_of_each_folds_rows(spark, iris
         estimator=estimator, estimatorParamMaps=grid, numFolds=2, seed=7,
         evaluator=MulticlassClassificationEvaluator(metricName="accuracy"),
     )
-    with _store_messages() as messages:
+    with sparkdl_log() as messages:
         tuned = validator.fit(iris.select("features", "label"))
     # nine fits: each fold's training rows written once for the grid's four fits, and the
     # best model's final fit on all rows writes them once more
@@ -167,7 +147,7 @@ def test_train_validation_split_tunes_the_training_config(spark, iris, tmp_path)
         estimator=estimator, estimatorParamMaps=grid, trainRatio=0.75, seed=7,
         evaluator=MulticlassClassificationEvaluator(metricName="accuracy"),
     )
-    with _store_messages() as messages:
+    with sparkdl_log() as messages:
         tuned = validator.fit(iris.select("features", "label"))
     assert _writes(messages) == 2, messages  # five fits: the training split's and the final
     assert len(tuned.validationMetrics) == 4

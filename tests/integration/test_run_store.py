@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-
 import pandas as pd
 import pytest
 from _frame_fixtures import classifier as _classifier
+from _log_capture import sparkdl_log
 
 from sparkdl import DenseTrainingMaster, SparkModel
 from sparkdl.data.store import fingerprint
 
 pytestmark = pytest.mark.spark
-
-
-@contextlib.contextmanager
-def _sparkdl_log():
-    """The messages the ``sparkdl`` logger emits at INFO inside the block."""
-    messages: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("sparkdl")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def _csv(tmp_path, text, name="data.csv"):
@@ -156,7 +137,7 @@ def test_a_refit_with_fixed_reader_options_writes_new_shards_and_says_why(spark,
         df = spark.read.schema("x double, label int").option("header", header).csv(csv)
         return spark_model.evaluate(df, features_col=["x"], store=store).count
 
-    with _sparkdl_log() as messages:
+    with sparkdl_log() as messages:
         assert evaluate("true") == 39  # the first line taken for a header by mistake
         assert evaluate("false") == 40  # fixed: new shards, not the 39 rows again
         assert evaluate("false") == 40
