@@ -13,7 +13,7 @@ from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.device_encoding import variable_device
 from sparkdl.training.exchange import UpdateExchange, all_finite
-from sparkdl.training.host_views import HostViews, read_no_copy, writable
+from sparkdl.training.host_views import HostViews, read_no_copy
 from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
 
 
@@ -200,9 +200,7 @@ class GradientSharingExchange(UpdateExchange):
         return loss, update, finite
 
     def discard_update(self, update: Any) -> None:
-        if self._views is not None:  # U holds this rank's update: zero it for the next step
-            for piece in update:
-                writable(piece).fill(0)
+        # U needs no zeroing: the next step's optimizer writes it whole (U <- 0 + d)
         self._reads = None
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
