@@ -3,6 +3,8 @@ semantics)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import ml_dtypes
 import numpy as np
 import tensorflow as tf
@@ -10,6 +12,9 @@ import tensorflow as tf
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.exchange import UpdateExchange
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 #: The dense allreduce's wire formats (``DenseTrainingMaster(wire_dtype=...)``).
 WIRE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
@@ -26,6 +31,14 @@ class DenseAllreduceExchange(UpdateExchange):
     step t+1 then applies the mean gradient of step t (one step stale, the same on every
     rank). :meth:`finish`, :meth:`end_epoch` and
     :meth:`get_state` apply the gradient in flight first.
+
+    Without overlap, loss scaling or accumulation the optimizer step is deferred into the next
+    step's graph: step t+1's one TensorFlow call applies step t's mean gradient, then takes its
+    own gradient at the new weights (the order of a plain step, one call and one pass over
+    the weights fewer per step). The weights lag one optimizer step between two
+    :meth:`step` calls; :meth:`drain` (so :meth:`finish`, :meth:`end_epoch`,
+    :meth:`get_state` and :meth:`evaluate_batch`) applies it alone, with the same bits. The
+    step's ``compute_s`` then holds the previous step's optimizer step, ``apply_s`` none.
     """
 
     non_finite_travels = True  # a non-finite gradient makes the mean non-finite everywhere
@@ -38,6 +51,54 @@ class DenseAllreduceExchange(UpdateExchange):
                 f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
         self.wire_dtype = wire_dtype
         self._wire = np.dtype(WIRE_DTYPES[wire_dtype])
+        self._pending: tf.Tensor | None = None  # the mean gradient the next step applies first
+        self._apply_then_gradients_fn: Callable[..., Any] | None = None
+
+    def _defers(self) -> bool:
+        """Whether the optimizer step waits for the next step's graph (see the class)."""
+        return self.loss_scale is None and not self.overlap and self.accumulate_steps == 1
+
+    def _update_is_gradient(self) -> bool:
+        return True
+
+    def compute_update(self, x: np.ndarray, y: Any, step: int) -> tuple[Any, Any, Any]:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return super().compute_update(x, y, step)
+        if self._apply_then_gradients_fn is None:
+            self._apply_then_gradients_fn = tf.function(self._apply_then_gradients,
+                                                        reduce_retracing=True)
+        loss, grads, finite = self._apply_then_gradients_fn(pending, x, y)
+        update = np.asarray(grads)
+        self._update_tensor = (update, grads)
+        return loss, update, finite
+
+    def _apply_then_gradients(self, flat: tf.Tensor, x: tf.Tensor, y: Any
+                              ) -> tuple[tf.Tensor, ...]:
+        """(In a graph) the optimizer step with ``flat``, then the batch's flat gradient at
+        the new weights (the graph orders the variables' reads after their writes)."""
+        self._apply_flat(flat)
+        return self._flat_gradients(x, y)
+
+    def apply(self, decoded: Any, step: int) -> dict[str, float]:
+        if not self._defers():
+            return super().apply(decoded, step)
+        self._pending = self._host_tensor(decoded)
+        return {}
+
+    def drain(self) -> None:
+        super().drain()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._apply_tensor(pending)
+
+    def evaluate_batch(self, x: np.ndarray, y: np.ndarray) -> float:
+        self.drain()
+        return super().evaluate_batch(x, y)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._pending = None  # the state replaces the weights' history
+        super().set_state(state)
 
     def encode(self, update: np.ndarray, step: int) -> np.ndarray:
         if self._wire == np.float32 or self.comm.world_size == 1:

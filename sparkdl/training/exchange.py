@@ -107,12 +107,17 @@ class UpdateExchange(abc.ABC):
         """Exchange once every ``steps`` calls of :meth:`step`, the gradients' mean over them."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ConfigurationError(f"accumulate_steps must be a positive integer, got {steps!r}")
-        if steps > 1 and type(self).compute_update is not UpdateExchange.compute_update:
+        if steps > 1 and not self._update_is_gradient():
             raise ConfigurationError(
                 f"accumulate_steps={steps} needs an exchange whose update is the gradient "
                 f"(mode 'dense'); {type(self).__name__} exchanges optimizer updates or weights"
             )
         self.accumulate_steps = steps
+
+    def _update_is_gradient(self) -> bool:
+        """Whether the update is the batch's gradient (by default: :meth:`compute_update` is
+        the template's)."""
+        return type(self).compute_update is UpdateExchange.compute_update
 
     # The template -----------------------------------------------------------------------
 
@@ -215,16 +220,20 @@ class UpdateExchange(abc.ABC):
         default an optimizer step with ``decoded`` as the flat gradient (with loss scaling
         and :attr:`non_finite_travels`: skipped, and the scale halved, when it is not
         finite — the same bits, so the same decision, on every rank)."""
-        if self._apply_gradients_fn is None:
-            self._apply_gradients_fn = tf.function(
-                self._apply_flat, input_signature=[tf.TensorSpec([None], tf.float32)]
-            )
         # a tensor argument: a numpy one costs tf.function far more than the conversion
-        applied = self._apply_gradients_fn(self._host_tensor(decoded))
+        applied = self._apply_tensor(self._host_tensor(decoded))
         if self.loss_scale is None or not self.non_finite_travels:
             return {}
         self.loss_scale.update(bool(applied))
         return self._scale_figures(skipped=not bool(applied))
+
+    def _apply_tensor(self, flat: tf.Tensor) -> tf.Tensor:
+        """:meth:`_apply_flat` in its own graph; whether it applied."""
+        if self._apply_gradients_fn is None:
+            self._apply_gradients_fn = tf.function(
+                self._apply_flat, input_signature=[tf.TensorSpec([None], tf.float32)]
+            )
+        return self._apply_gradients_fn(flat)
 
     def _scale_figures(self, skipped: bool) -> dict[str, float]:
         assert self.loss_scale is not None

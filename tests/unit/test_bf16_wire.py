@@ -34,6 +34,7 @@ def _step(world: int, wire: str) -> list[tuple[list[np.ndarray], int]]:
         exchange.step(rng.normal(size=(16, 32)).astype(np.float32),
                       rng.normal(size=(16, 4)).astype(np.float32), 0)
         sent = comm.counters.snapshot()[0] - sent
+        exchange.finish()  # the optimizer step waits for the next step or finish()
         return [a - b for a, b in zip(models[rank].get_weights(), before, strict=True)], sent
 
     return run_threads(world, train)

@@ -49,6 +49,7 @@ def _exchange_weights(cls: type, batches: list, weighted: bool) -> list[np.ndarr
         exchange = DenseAllreduceExchange(model, comm)
         for x, y, w in batches:
             exchange.step(x, Weighted(y, w) if weighted else y, 0)
+        exchange.finish()
 
     run_threads(1, train)
     return model.get_weights()

@@ -1,0 +1,84 @@
+"""The dense exchange's deferred optimizer step: step t+1's one TensorFlow call applies step
+t's mean gradient, then takes its own; the bits are those of applying each step at once, and
+every reader of the weights sees them whole."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from _comm_harness import run_threads
+
+from sparkdl.training.dense import DenseAllreduceExchange
+from sparkdl.training.variables import weights_checksum
+
+
+def _model() -> keras.Model:
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(20, "relu"),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+    model.compile(keras.optimizers.Adam(1e-2), jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _batches(rank: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(rank)
+    return [(rng.normal(size=(8, 5)).astype(np.float32), rng.integers(0, 3, 8))
+            for _ in range(count)]
+
+
+def _train(world: int, drain_every_step: bool) -> list[tuple[str, list[float], int]]:
+    models = [_model() for _ in range(world)]
+
+    def train(rank: int, comm) -> tuple[str, list[float], int]:  # type: ignore[no-untyped-def]
+        exchange = DenseAllreduceExchange(models[rank], comm)
+        alone = 0
+        apply_alone = exchange._apply_tensor
+
+        def counted(flat):  # type: ignore[no-untyped-def]
+            nonlocal alone
+            alone += 1
+            return apply_alone(flat)
+
+        exchange._apply_tensor = counted  # type: ignore[method-assign]
+        losses = []
+        for step, (x, y) in enumerate(_batches(rank, 6)):
+            losses.append(exchange.step(x, y, step).loss)
+            if drain_every_step:
+                exchange.drain()
+        exchange.finish()
+        return weights_checksum(models[rank].trainable_variables), losses, alone
+
+    return run_threads(world, train)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_deferred_optimizer_step_gives_the_bits_of_applying_each_step_at_once(world):
+    deferred, at_once = _train(world, False), _train(world, True)
+    assert deferred == [(s, losses, 1) for s, losses, _ in at_once]  # one apply alone: finish
+    assert [alone for _, _, alone in at_once] == [6] * world
+    assert len({checksum for checksum, _, _ in deferred}) == 1  # replicas bit-identical
+
+
+def test_every_reader_of_the_weights_sees_the_last_step_applied():
+    def train(rank: int, comm) -> None:  # type: ignore[no-untyped-def]
+        model = _model()
+        exchange = DenseAllreduceExchange(model, comm)
+        (x, y), (x2, y2) = _batches(0, 2)
+        def weights() -> list[np.ndarray]:
+            return [v.numpy() for v in model.trainable_variables]
+
+        before = weights()
+        exchange.step(x, y, 0)
+        unchanged = [np.array_equal(a, b) for a, b in zip(before, weights())]
+        assert all(unchanged)  # the optimizer step waits for the next step's graph
+        loss = exchange.evaluate_batch(x2, y2)  # drains first
+        changed = [not np.array_equal(a, b) for a, b in zip(before, weights())]
+        assert any(changed)
+        assert loss == exchange.evaluate_batch(x2, y2)
+        exchange.step(x, y, 1)
+        state = exchange.get_state()  # drains first: the optimizer has taken both steps
+        assert int(state["optimizer.0"]) == 2
+
+    run_threads(1, train)
