@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sparkdl.errors import ConfigurationError
+
 
 @dataclass
 class TrafficCounters:
@@ -20,6 +22,26 @@ class TrafficCounters:
 
     def snapshot(self) -> tuple[int, int]:
         return self.bytes_sent, self.bytes_received
+
+
+def reduce_destination(array: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    """``out`` as a flat view to reduce ``array`` into (None stays None); a clear error when
+    it cannot be: another shape or dtype, not C-contiguous, read-only, or sharing memory with
+    ``array``."""
+    if out is None:
+        return None
+    if not isinstance(out, np.ndarray) or out.shape != array.shape or out.dtype != array.dtype:
+        got = (f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray)
+               else type(out).__name__)
+        raise ConfigurationError(
+            f"allreduce out: expected an array of shape {array.shape} and dtype {array.dtype}, "
+            f"got {got}"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ConfigurationError("allreduce out: must be C-contiguous and writable")
+    if out.size and np.shares_memory(out, array):
+        raise ConfigurationError("allreduce out: must not share memory with the input")
+    return out.reshape(-1)
 
 
 class Communicator(abc.ABC):
@@ -40,9 +62,14 @@ class Communicator(abc.ABC):
         """Gather one variable-size message from each rank; returns them in rank order."""
 
     @abc.abstractmethod
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    def allreduce(
+        self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Element-wise reduction (``"sum"`` or ``"mean"``) of a 1-D float array of equal
-        length and dtype on every rank. Returns a new array; the input is left unchanged."""
+        length and dtype on every rank. Returns a new array, or ``out`` holding the result (a
+        writable C-contiguous array of ``array``'s shape and dtype, apart from it: a buffer
+        the caller reuses, e.g. one aligned for a zero-copy hand-off); the same bits either
+        way. The input is left unchanged."""
 
     @abc.abstractmethod
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:

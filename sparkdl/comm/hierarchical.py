@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sparkdl.comm.communicator import Communicator, TrafficCounters
+from sparkdl.comm.communicator import Communicator, TrafficCounters, reduce_destination
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 #: ``cluster.topology`` values.
@@ -177,15 +177,21 @@ class HierarchicalCommunicator(Communicator):
                 out[rank] = m
         return out
 
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    def allreduce(
+        self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
         if op not in ("sum", "mean"):
             raise ConfigurationError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
-        total = self.local.allreduce(array, "sum")
+        reduce_destination(np.asarray(array), out)
+        total = self.local.allreduce(array, "sum", out=out)
         if self._several_hosts:
             if self._across_hosts():
                 assert self.leaders is not None
                 total = self.leaders.allreduce(total, "sum")
             total = self.local.broadcast_array(total, root=0)
+            if out is not None:
+                np.copyto(out, total)
+                total = out
         if op == "mean":
             total /= total.dtype.type(self.world_size)  # a new array: the input is unchanged
         return total

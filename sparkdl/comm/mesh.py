@@ -49,7 +49,7 @@ from typing import TypeVar
 import numpy as np
 
 from sparkdl.comm import _auth
-from sparkdl.comm.communicator import Communicator
+from sparkdl.comm.communicator import Communicator, reduce_destination
 from sparkdl.comm.network import listen_on
 from sparkdl.comm.tcp import (
     TcpRingCommunicator,
@@ -243,19 +243,22 @@ class MeshCommunicator(Communicator):
         self._last_broadcast = len(out)
         return out
 
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    def allreduce(
+        self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
         arr = np.asarray(array)
         if (
             op not in ("sum", "mean")
             or arr.dtype not in _OP_ALLREDUCE
             or not self._use_mesh(arr.nbytes, AUTO_MAX_REDUCE_BYTES)
         ):
-            return self.ring.allreduce(arr, op)  # the ring reports bad arguments
+            return self.ring.allreduce(arr, op, out=out)  # the ring reports bad arguments
+        dst = reduce_destination(arr, out)
         src = np.ascontiguousarray(arr).reshape(-1)
-        out = self._guard(lambda seq, dl: self._halving_doubling(src, seq, dl))
+        total = self._guard(lambda seq, dl: self._halving_doubling(src, seq, dl, dst))
         if op == "mean":
-            out /= out.dtype.type(self.world_size)
-        return out.reshape(arr.shape)
+            total /= total.dtype.type(self.world_size)
+        return total.reshape(arr.shape) if out is None else out
 
     def barrier(self) -> None:
         self.allgather(b"")
@@ -317,11 +320,16 @@ class MeshCommunicator(Communicator):
         assert data is not None
         return bytes(data)
 
-    def _halving_doubling(self, src: np.ndarray, seq: int, deadline: float) -> np.ndarray:
+    def _halving_doubling(self, src: np.ndarray, seq: int, deadline: float,
+                          out: np.ndarray | None = None) -> np.ndarray:
         n, r = self.world_size, self.rank
         code = _OP_ALLREDUCE[src.dtype]
         p, rem = _fold(n)
-        x = src.copy()
+        if out is None:
+            x = src.copy()
+        else:  # the caller's buffer is the working vector
+            x = out
+            np.copyto(x, src)
         isz = x.itemsize
         raw = x.view(np.uint8).data
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sparkdl.comm.communicator import Communicator, TrafficCounters
+from sparkdl.comm.communicator import Communicator, TrafficCounters, reduce_destination
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 _PREFIX = "sdl1"
@@ -126,7 +126,9 @@ class AllGatherCommunicator(Communicator):
     def allgather(self, message: bytes | memoryview) -> list[bytes]:
         return self._round("allgather", message)
 
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    def allreduce(
+        self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
         if op not in ("sum", "mean"):
             raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
         arr = np.ascontiguousarray(array)
@@ -134,6 +136,7 @@ class AllGatherCommunicator(Communicator):
             raise ConfigurationError(
                 f"allreduce dtype: expected float32 or float64, got {arr.dtype}"
             )
+        reduce_destination(np.asarray(array), out)
         parts = self._round(f"allreduce-{arr.dtype.name}", arr.tobytes())
         for peer, part in enumerate(parts):
             if len(part) != arr.nbytes:
@@ -141,12 +144,15 @@ class AllGatherCommunicator(Communicator):
                     f"rank {self.rank}: rank {peer} sent {len(part)} bytes to allreduce, "
                     f"expected {arr.nbytes}"
                 )
-        out = np.frombuffer(parts[0], dtype=arr.dtype).copy()
+        total = np.frombuffer(parts[0], dtype=arr.dtype).copy()
         for part in parts[1:]:
-            out += np.frombuffer(part, dtype=arr.dtype)
+            total += np.frombuffer(part, dtype=arr.dtype)
         if op == "mean":
-            out /= out.dtype.type(self.world_size)
-        return out.reshape(arr.shape)
+            total /= total.dtype.type(self.world_size)
+        if out is None:
+            return total.reshape(arr.shape)
+        np.copyto(out, total.reshape(arr.shape))
+        return out
 
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
         if not 0 <= root < self.world_size:

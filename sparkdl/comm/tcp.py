@@ -49,7 +49,7 @@ import numpy as np
 
 from sparkdl.comm import _auth, _shm
 from sparkdl.comm._accept import RESOURCE_ERRNOS, AcceptLoop
-from sparkdl.comm.communicator import Communicator, TrafficCounters
+from sparkdl.comm.communicator import Communicator, TrafficCounters, reduce_destination
 from sparkdl.comm.network import listen_on
 from sparkdl.errors import CommunicationError, ConfigurationError
 
@@ -310,7 +310,9 @@ class TcpRingCommunicator(Communicator):
 
     # Public collectives ---------------------------------------------------------------------
 
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    def allreduce(
+        self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
         if op not in ("sum", "mean"):
             raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
         arr = np.asarray(array)
@@ -319,11 +321,18 @@ class TcpRingCommunicator(Communicator):
             raise ConfigurationError(
                 f"allreduce dtype: expected float32, float64 or bfloat16, got {arr.dtype}"
             )
+        dst = reduce_destination(arr, out)
         src = np.ascontiguousarray(arr).reshape(-1)
-        out = self._ring_allreduce(src, code) if self.world_size > 1 else src.copy()
+        if self.world_size > 1:
+            total = self._ring_allreduce(src, code, dst)
+        elif dst is None:
+            total = src.copy()
+        else:
+            total = dst
+            np.copyto(total, src)
         if op == "mean":
-            out /= out.dtype.type(self.world_size)
-        return out.reshape(arr.shape)
+            total /= total.dtype.type(self.world_size)
+        return total.reshape(arr.shape) if out is None else out
 
     def allgather(self, message: bytes | memoryview) -> list[bytes]:
         data = memoryview(message).cast("B")
@@ -425,14 +434,17 @@ class TcpRingCommunicator(Communicator):
 
         return _RecvStep(k, None, None, on_header, on_data, store=store)
 
-    def _ring_allreduce(self, src: np.ndarray, code: int) -> np.ndarray:
+    def _ring_allreduce(self, src: np.ndarray, code: int, out: np.ndarray | None = None
+                        ) -> np.ndarray:
         """Reduce-scatter then allgather, fully pipelined in one stream of ``2(n-1)`` framed
         chunks. Chunk ``c`` is summed in the fixed order c, c+1, ... around the ring, then its
         final bytes circulate, so every rank ends with identical bits. Partial sums are
         received straight into the output (or added straight from shared memory into it) and
-        our own contribution added in place."""
+        our own contribution added in place. ``out``: where to put the result (flat, apart
+        from ``src``), else a new array."""
         n, r = self.world_size, self.rank
-        out = np.empty_like(src)
+        if out is None:
+            out = np.empty_like(src)
         isz = src.itemsize
         base, rem = divmod(src.size, n)
         starts = [i * base + min(i, rem) for i in range(n + 1)]

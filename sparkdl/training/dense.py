@@ -12,6 +12,7 @@ import tensorflow as tf
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.exchange import UpdateExchange
+from sparkdl.training.host_views import aligned_empty
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,6 +54,7 @@ class DenseAllreduceExchange(UpdateExchange):
         self._wire = np.dtype(WIRE_DTYPES[wire_dtype])
         self._pending: tf.Tensor | None = None  # the mean gradient the next step applies first
         self._apply_then_gradients_fn: Callable[..., Any] | None = None
+        self._buffers: dict[np.dtype, np.ndarray] = {}  # the collective's reused results
 
     def _defers(self) -> bool:
         """Whether the optimizer step waits for the next step's graph (see the class)."""
@@ -105,16 +107,26 @@ class DenseAllreduceExchange(UpdateExchange):
             return update
         return np.asarray(update).astype(self._wire)
 
+    def _buffer(self, dtype: np.dtype) -> np.ndarray:
+        """A 64-byte aligned vector of the gradient's length, reused every step: what the
+        collective writes (float32: TensorFlow reads it in place, through DLPack). Its last
+        contents are consumed before the next step writes it: by the optimizer step, or
+        with overlap by decode and apply before the next collective starts."""
+        buffer = self._buffers.get(dtype)
+        if buffer is None:
+            buffer = self._buffers[dtype] = aligned_empty(self.trainable.size, dtype)
+        return buffer
+
     def communicate(self, message: np.ndarray, step: int) -> np.ndarray:
         if self.comm.world_size == 1:
             return message
-        if self._wire == np.float32:
-            return self.comm.allreduce(message, "mean")
-        return self.comm.allreduce(message, "sum")
+        op = "mean" if self._wire == np.float32 else "sum"
+        return self.comm.allreduce(message, op, out=self._buffer(message.dtype))
 
     def decode(self, received: np.ndarray, step: int) -> np.ndarray:
         if received.dtype == np.float32:
             return received
-        total = received.astype(np.float32)
+        total = self._buffer(np.dtype(np.float32))
+        np.copyto(total, received, casting="unsafe")  # the float32 sum, as astype() gives it
         total /= np.float32(self.comm.world_size)
         return total

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["HostViews", "read_no_copy", "shared_tensor", "writable"]
+__all__ = ["HostViews", "aligned_empty", "read_no_copy", "shared_tensor", "writable"]
 
 
 def read_no_copy(variable: Any) -> tf.Tensor:
@@ -43,6 +43,15 @@ def writable(array: np.ndarray) -> np.ndarray:
 
 #: TensorFlow's CPU kernels need buffers aligned to this many bytes (Eigen's largest).
 _TF_ALIGNMENT = 64
+
+
+def aligned_empty(size: int, dtype: Any = np.float32) -> np.ndarray:
+    """A new 1-D array whose data starts on a 64-byte boundary (so :func:`shared_tensor`
+    shares it rather than copying)."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(size * dtype.itemsize + _TF_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _TF_ALIGNMENT
+    return raw[start : start + size * dtype.itemsize].view(dtype)
 
 
 def shared_tensor(array: np.ndarray) -> tf.Tensor:

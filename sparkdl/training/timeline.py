@@ -192,9 +192,11 @@ class TracedCommunicator(Communicator):
         with self._traced("allgather", message_bytes=memoryview(message).nbytes):
             return self.inner.allgather(message)
 
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    def allreduce(
+        self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
         with self._traced("allreduce", message_bytes=int(array.nbytes), op=op):
-            return self.inner.allreduce(array, op)
+            return self.inner.allreduce(array, op, out=out)
 
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
         size = 0 if message is None else memoryview(message).nbytes

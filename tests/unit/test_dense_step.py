@@ -82,3 +82,22 @@ def test_every_reader_of_the_weights_sees_the_last_step_applied():
         assert int(state["optimizer.0"]) == 2
 
     run_threads(1, train)
+
+
+@pytest.mark.parametrize("wire", ["float32", "bfloat16"])
+def test_with_two_ranks_the_mean_lands_in_one_reused_buffer_that_tensorflow_reads_in_place(wire):
+    models = [_model() for _ in range(2)]
+
+    def train(rank: int, comm) -> list[bool]:  # type: ignore[no-untyped-def]
+        exchange = DenseAllreduceExchange(models[rank], comm, wire_dtype=wire)
+        shared = []
+        for step, (x, y) in enumerate(_batches(rank, 3)):
+            exchange.step(x, y, step)
+            buffer = exchange._buffer(np.dtype(np.float32))
+            pending = np.asarray(exchange._pending)
+            shared.append(pending.ctypes.data == buffer.ctypes.data
+                          and buffer.ctypes.data % 64 == 0)
+        exchange.finish()
+        return shared
+
+    assert run_threads(2, train) == [[True] * 3] * 2
