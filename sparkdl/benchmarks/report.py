@@ -12,27 +12,44 @@ def alternate_samples(
     repeats: int = 7,
     warmup: int = 1,
 ) -> dict[str, list[float]]:
-    """Time each candidate ``repeats`` times, interleaved (A B C, B C A, C A B, ...), after
-    ``warmup`` untimed rounds; return every candidate's seconds, round by round.
+    """Time each candidate ``repeats`` times, interleaved, after ``warmup`` untimed rounds;
+    return every candidate's seconds, round by round.
 
     Interleaving spreads the noise of a shared machine evenly over all candidates, so their
-    ratio is meaningful even when absolute times are not; rotating the order each round
-    keeps any one candidate from always running right after another (whose after-effects,
-    such as background threads still winding down, would otherwise land on it alone).
+    ratio is meaningful even when absolute times are not. The rounds follow a Williams
+    design (:func:`balanced_orders`): within a cycle of rounds every candidate runs right
+    after every other one equally often, so the after-effects of one (background threads
+    still winding down, a cache it filled) land on all the others alike, not on the one
+    that happens to follow it (a plain rotation keeps the cyclic order: B always after A).
     """
     for _ in range(warmup):
         for fn in candidates.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     names = list(candidates)
+    orders = balanced_orders(len(names))
     for round_index in range(repeats):
-        shift = round_index % len(names) if names else 0
-        for name in names[shift:] + names[:shift]:
-            fn = candidates[name]
+        for i in orders[round_index % len(orders)]:
+            fn = candidates[names[i]]
             start = time.perf_counter()
             fn()
-            samples[name].append(time.perf_counter() - start)
+            samples[names[i]].append(time.perf_counter() - start)
     return samples
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """A Williams design for ``n`` candidates: ``n`` orders (``2n`` when ``n`` is odd) in
+    which each candidate comes first equally often and runs right after each other candidate
+    equally often."""
+    if n <= 1:
+        return [list(range(n))]
+    first = [0]
+    for k in range(1, n):
+        first.append((k + 1) // 2 if k % 2 else n - k // 2)
+    rows = [[(c + i) % n for c in first] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return rows
 
 
 def alternate(

@@ -1,17 +1,30 @@
 """The benchmarks' measuring helpers: alternation order and paired ratios."""
 
+from collections import Counter
+from itertools import pairwise
+
 import pytest
 
-from sparkdl.benchmarks.report import alternate, alternate_samples, paired_ratio
+from sparkdl.benchmarks.report import alternate, alternate_samples, balanced_orders, paired_ratio
 
 
-def test_alternate_samples_rotates_the_order_and_keeps_every_round():
+def test_alternate_samples_follows_the_balanced_orders_and_keeps_every_round():
     calls = []
-    candidates = {name: (lambda name=name: calls.append(name)) for name in "abc"}
-    samples = alternate_samples(candidates, repeats=3, warmup=1)
-    assert calls == list("abc" "abc" "bca" "cab")
-    assert {name: len(times) for name, times in samples.items()} == {"a": 3, "b": 3, "c": 3}
-    assert set(alternate(candidates, repeats=2, warmup=0)) == {"a", "b", "c"}
+    candidates = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
+    samples = alternate_samples(candidates, repeats=5, warmup=1)
+    assert calls == list("abcd" "abdc" "bcad" "cdba" "dacb" "abdc")
+    assert {name: len(times) for name, times in samples.items()} == dict.fromkeys("abcd", 5)
+    assert set(alternate(candidates, repeats=2, warmup=0)) == set("abcd")
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_in_the_balanced_orders_each_candidate_follows_each_other_equally_often(n):
+    orders = balanced_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    assert Counter(order[0] for order in orders) == dict.fromkeys(range(n), len(orders) // n)
+    pairs = Counter((a, b) for order in orders for a, b in pairwise(order))
+    expected = 1 if n % 2 == 0 else 2
+    assert pairs == {(a, b): expected for a in range(n) for b in range(n) if a != b}
 
 
 def test_paired_ratio_compares_timings_of_the_same_round():
