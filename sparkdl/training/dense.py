@@ -35,8 +35,8 @@ class DenseAllreduceExchange(UpdateExchange):
 
     Without overlap, loss scaling or accumulation the optimizer step is deferred into the next
     step's graph: step t+1's one TensorFlow call applies step t's mean gradient, then takes its
-    own gradient at the new weights (the order of a plain step, one call and one pass over
-    the weights fewer per step). The weights lag one optimizer step between two
+    own gradient at the new weights (the order of a plain step; one TensorFlow call per step
+    instead of two). The weights lag one optimizer step between two
     :meth:`step` calls; :meth:`drain` (so :meth:`finish`, :meth:`end_epoch`,
     :meth:`get_state` and :meth:`evaluate_batch`) applies it alone, with the same bits. The
     step's ``compute_s`` then holds the previous step's optimizer step, ``apply_s`` none.
@@ -64,6 +64,8 @@ class DenseAllreduceExchange(UpdateExchange):
         return True
 
     def compute_update(self, x: np.ndarray, y: Any, step: int) -> tuple[Any, Any, Any]:
+        """The template's flat gradient; first, in the same graph, the deferred optimizer
+        step (dropped if the call fails: never applied twice)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return super().compute_update(x, y, step)
