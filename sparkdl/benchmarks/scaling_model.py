@@ -29,6 +29,7 @@ import math
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from sparkdl.benchmarks.report import print_table
@@ -146,9 +147,13 @@ class Scenario:
     decode_s_per_element: float = 20e-9  # measured here: 0.03 ms for 1,093 elements
     decode_fixed_s: float = 8e-6
 
-    @property
+    @cached_property
     def parameters(self) -> int:
         return num_parameters(self.shapes)
+
+    @cached_property
+    def factor_floats(self) -> int:
+        return powersgd_floats(self.shapes, self.powersgd_rank)
 
 
 def step_seconds(scenario: Scenario, mode: str, ranks: int, bytes_per_s: float,
@@ -158,7 +163,7 @@ def step_seconds(scenario: Scenario, mode: str, ranks: int, bytes_per_s: float,
     message = sharing_message_bytes(params, scenario.sparsity)
     cost = collective_cost(
         mode, ranks, dense_bytes=FLOAT * params, message_bytes=message,
-        factor_bytes=FLOAT * powersgd_floats(scenario.shapes, scenario.powersgd_rank))
+        factor_bytes=FLOAT * scenario.factor_floats)
     share = oversubscription(workers_per_host, cores_per_host)
     decode = cost.decodes * (scenario.decode_fixed_s
                              + scenario.decode_s_per_element * scenario.sparsity * params)
@@ -171,15 +176,24 @@ def efficiency(scenario: Scenario, mode: str, ranks: int, bytes_per_s: float) ->
     return scenario.compute_s / step_seconds(scenario, mode, ranks, bytes_per_s)
 
 
-def crossover(scenario: Scenario, slower: str, faster: str, bytes_per_s: float,
-              max_ranks: int = 1 << 16) -> int | None:
-    """The fewest ranks at which ``slower`` takes longer per step than ``faster`` (None:
-    never up to ``max_ranks``)."""
+def crossovers(scenario: Scenario, a: str, b: str, bytes_per_s: float,
+               max_ranks: int = 4096) -> list[int]:
+    """The rank counts (2 to ``max_ranks``) at which the faster of ``a`` and ``b`` changes:
+    the first ``N`` with the other order."""
+    out = []
+    previous = None
     for n in range(2, max_ranks + 1):
-        if step_seconds(scenario, slower, n, bytes_per_s) > step_seconds(
-                scenario, faster, n, bytes_per_s):
-            return n
-    return None
+        a_faster = step_seconds(scenario, a, n, bytes_per_s) <= step_seconds(
+            scenario, b, n, bytes_per_s)
+        if previous is not None and a_faster != previous:
+            out.append(n)
+        previous = a_faster
+    return out
+
+
+def faster_at(scenario: Scenario, a: str, b: str, bytes_per_s: float, ranks: int) -> str:
+    return a if step_seconds(scenario, a, ranks, bytes_per_s) <= step_seconds(
+        scenario, b, ranks, bytes_per_s) else b
 
 
 SCENARIOS = (
@@ -206,10 +220,10 @@ def extrapolate(workers: Sequence[int] = WORKERS) -> dict[str, Any]:
                                      "efficiency": efficiency(sc, mode, n, rate)}
                             for n in workers} for mode in MODES}
             crossings = {
-                f"{a} slower than {b}": crossover(sc, a, b, rate)
+                f"{a} vs {b}": {"faster_at_2": faster_at(sc, a, b, rate, 2),
+                                "order_changes_at": crossovers(sc, a, b, rate)}
                 for a, b in (("sharing_plain", "dense"), ("sharing_mesh", "dense"),
-                             ("sharing_plain", "powersgd"), ("sharing_mesh", "powersgd"),
-                             ("dense", "powersgd"))}
+                             ("sharing_mesh", "powersgd"), ("powersgd", "dense"))}
             entry["rates"][rate_name] = {"cells": cells, "crossovers": crossings}
         out["scenarios"][sc.name] = entry
     return out
@@ -268,7 +282,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             print_table(f"{name} ({entry['parameters']:,} parameters), {rate_name}", header,
                         rows)
             for key, value in per_rate["crossovers"].items():
-                print(f"  {key} from {value if value else 'never (≤ 65536)'} workers")
+                changes = ", ".join(map(str, value["order_changes_at"]))
+                print(f"  {key}: {value['faster_at_2']} faster at 2 workers; "
+                      + (f"the order changes at {changes} workers" if changes
+                         else "the same order up to 4096 workers"))
     if options.get("png"):
         chart(options["png"])
         print(f"chart written to {options['png']}", file=sys.stderr)

@@ -9,7 +9,7 @@ from sparkdl.benchmarks.scaling_model import (
     Scenario,
     bruck_steps,
     collective_cost,
-    crossover,
+    crossovers,
     num_parameters,
     oversubscription,
     powersgd_floats,
@@ -74,4 +74,5 @@ def test_sharing_falls_behind_dense_once_n_exceeds_about_twice_the_compression()
     sc = Scenario("x", ((1000, 1000),), compute_s=0.0, sparsity=1e-2, hop_s=0.0,
                   decode_s_per_element=0.0, decode_fixed_s=0.0)
     m = 64 + 4 * 1e-2 * 1e6
-    assert crossover(sc, "sharing_plain", "dense", 1e9) == int(2 * 4e6 / m) + 1
+    assert crossovers(sc, "sharing_plain", "dense", 1e9, max_ranks=1000) == [
+        int(2 * 4e6 / m) + 1]
