@@ -57,7 +57,10 @@ Performance model (all parameters measured in the same run, none fitted to the c
   that many bytes then leave at full speed.
 * ``S_p(w)``: waiting for the slowest rank, which a fit with communication off does not
   show: ``E[max over ranks of p steps] / p - E[step]``, drawn from each rank's step
-  durations in the compute-only fit's timeline (the ranks independent).
+  durations in the compute-only fit's timeline (the ranks independent). Those ranks run
+  free; where a step waits on the link (``W_link``, the wire term's link part), every rank
+  leaves the collective together with its CPU idle and starts the next step in lockstep
+  (fair share of the cores), so the spread is absorbed: ``S_eff = max(0, S - W_link)``.
 * ``hops · H``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
   allgather, ``2(N-1)/f`` for averaging) times the fixed cost of one hop: ``F(w)``, the ring's
   own per-hop cost measured on the cluster by the barrier-stage probe (50 allgathers of 64
@@ -789,7 +792,7 @@ def predict(cell: Cell, compute_s: float, codec: dict[str, float],
     own cost per byte sent beyond the wire (copies, sums); ``jitter_s``: what waiting for the
     slowest rank adds per step (:func:`straggler_seconds`); ``bucket_bytes``: the link's token
     bucket, refilled while the step computes and then sent at full speed."""
-    workers = cell.workers_per_host * HOSTS
+    workers = len(cell.hosts_of_ranks) or cell.workers_per_host * HOSTS
     share = max(1.0, workers / (os.cpu_count() or 1))
     sharing = cell.mode.startswith("sharing")  # the N - 1 others' messages to decode
     decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
@@ -802,7 +805,9 @@ def predict(cell: Cell, compute_s: float, codec: dict[str, float],
     # computing part of the steps between two collectives), at most the bucket
     period = AVERAGING_FREQUENCY if cell.mode == "averaging" else 1
     credit = min(bucket_bytes, link["bytes_per_s"] * period * compute_s) / period
-    wire = max(0.0, on_link - credit) / link["bytes_per_s"] + bytes_per_step * ring_byte_s
+    link_wait = max(0.0, on_link - credit) / link["bytes_per_s"]
+    wire = link_wait + bytes_per_step * ring_byte_s
+    jitter_s = max(0.0, jitter_s - link_wait)  # absorbed while every rank waits on the link
     latency = hops_per_step(cell.mode, workers) * (link["latency_s"] if hop_s is None else hop_s)
     if cell.mode == "sharing_overlap":
         predicted = max(compute_s + decode, wire + latency) + jitter_s
