@@ -10,6 +10,11 @@ per step (the communicator's counters), and what the model below predicts. Rates
 between cells with ``tc`` on the running cluster; repeats alternate the order of the modes
 and rates, and each figure is the median over repeats.
 
+``--ranks N`` measures instead ``N // 2`` hosts × 2 workers at 100 Mbit/s and 1 Gbit/s for
+sharing (``cluster.mesh: plain`` and ``mesh``), dense, and PowerSGD where the build has
+``training.compression: powersgd`` (docs/scaling.md); the N-rank terms come from
+:mod:`sparkdl.benchmarks.scaling_model`.
+
 ``--cpu-only`` measures only ``T_m / T_0`` below (``exchange_cpu_s`` and the paired ratio of
 each mode to the plain train step), on this model and on LeNet, without the cluster or root,
 and prints the load average beside it: the quick check of the exchanges' CPU overhead.
@@ -198,7 +203,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     try:
         if owned:
             cluster.up()
-        links = {_rate_name(r): _measure_link(cluster, r) for r in (*rates, None)}
+        links = {_rate_name(r): _measure_link(cluster, r) for r in dict.fromkeys((*rates, None))}
         _print_links(links)
         codec = _measure_codec()
         overlap = overlap_supported()

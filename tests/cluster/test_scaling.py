@@ -149,3 +149,16 @@ def test_predict_counts_log2_hops_and_each_bruck_steps_busiest_link_in_mesh_mode
     # host (rank r and r + 4 share it), the others leave every host twice
     assert bruck_link_bytes(hosts, 7e3) == pytest.approx(2 * 1e3 + 2 * 2e3)
     assert mesh.terms["wire_s"] == pytest.approx(6e3 / 1e6)
+
+
+def test_ranks_option_takes_an_even_count_of_at_least_four():
+    from sparkdl.benchmarks import scaling
+
+    try:
+        scaling._grid(8)
+        assert (scaling.HOSTS, scaling.ROWS) == (4, 2560)
+        with pytest.raises(ValueError, match="--ranks: expected an even number"):
+            scaling._grid(7)
+    finally:
+        scaling._grid(None)
+    assert (scaling.HOSTS, scaling.ROWS) == (2, 1280)
