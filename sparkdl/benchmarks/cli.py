@@ -18,6 +18,7 @@ SUITES = {
     "reader": "sparkdl.benchmarks.reader",
     "etl": "sparkdl.benchmarks.etl",
     "scaling": "sparkdl.benchmarks.scaling",
+    "scaling-model": "sparkdl.benchmarks.scaling_model",
     "overlap": "sparkdl.benchmarks.overlap",
     "iteration": "sparkdl.benchmarks.iteration",
 }
@@ -44,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="collectives: ring vs log-depth (cluster.mesh) collectives, one "
                         "rank per host of the network-namespace harness at 100 Mbit/s and "
                         "1 Gbit/s, 2 to 16 ranks (needs root)")
+    parser.add_argument("--ranks", type=int,
+                        help="scaling: the 8-rank cells (4 hosts x 2 workers) instead of the "
+                        "2-host grid")
+    parser.add_argument("--png", help="scaling-model: write the extrapolation chart here")
     args = parser.parse_args(argv)
     try:
         module = import_module(SUITES[args.suite])
@@ -52,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.time()
     options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats,
-               "cpu_only": args.cpu_only or None, "mesh": args.mesh or None}
+               "cpu_only": args.cpu_only or None, "mesh": args.mesh or None,
+               "ranks": args.ranks, "png": args.png}
     figures = module.run({key: value for key, value in options.items() if value is not None})
     figures = {
         "suite": args.suite,

@@ -8,6 +8,14 @@ host), so every byte crosses a rate-limited link; shared memory is off. Each pro
 at each rate, rank count and message size. Figures per cell: median seconds per collective
 (slowest rank), the paired median ratio mesh / ring, payload-plus-framing bytes received per
 worker per collective, and the 1-minute load average beside them. Needs root.
+
+Then, at the same rates, bytes per worker per step against the rank count (2, 4, 8, 16) for
+the three exchanges of the scaling benchmark's model (:mod:`sparkdl.benchmarks.scaling`,
+1.09M parameters): threshold sharing (ring allgather of one message at its target sparsity),
+PowerSGD (ring allreduce of its rank-4 factors and small tensors, sizes from
+:func:`sparkdl.benchmarks.scaling_model.powersgd_floats`) and dense (ring allreduce of the
+float32 gradient), from the communicators' counters (payload plus framing), with their
+time per step.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ def _worker(
             target = comm.ring if impl == "ring" else comm
             comm.ring.barrier()
             received = comm.counters.bytes_received
+            sent = comm.counters.bytes_sent
             start = time.perf_counter()
             if kind == "allgather":
                 message = bytes(nbytes)
@@ -62,7 +71,8 @@ def _worker(
                 for _ in range(reps):
                     target.allreduce(array)
             elapsed = time.perf_counter() - start
-            conn.send(("ok", (elapsed, (comm.counters.bytes_received - received) / reps)))
+            conn.send(("ok", (elapsed, (comm.counters.bytes_received - received) / reps,
+                              (comm.counters.bytes_sent - sent) / reps)))
         comm.close()
     except BaseException as exc:
         conn.send(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
@@ -84,12 +94,54 @@ def _measure(
 
     def call(impl: str) -> None:
         out = group.call(kind, impl, nbytes, reps, timeout=300)
-        wire[impl] = statistics.mean(b for _, b in out)
-        times[impl].append(max(t for t, _ in out) / reps)
+        wire[impl] = statistics.mean(b for _, b, _ in out)
+        times[impl].append(max(t for t, _, _ in out) / reps)
 
     alternate_samples({"ring": lambda: call("ring"), "mesh": lambda: call("mesh")}, repeats,
                       warmup=1)
     return {k: v[1:] for k, v in times.items()}, wire  # without the warm-up round
+
+
+def exchange_bytes() -> dict[str, tuple[str, int]]:
+    """Each exchange's collective and payload bytes per step for the scaling benchmark's
+    model: sharing's message at its target sparsity, PowerSGD's factors, dense's gradient."""
+    from sparkdl.benchmarks import scaling
+    from sparkdl.benchmarks.scaling_model import powersgd_floats, sharing_message_bytes
+
+    shapes = [(scaling.INPUT_DIM, scaling.HIDDEN), (scaling.HIDDEN,),
+              (scaling.HIDDEN, scaling.CLASSES), (scaling.CLASSES,)]
+    params = scaling.num_parameters()
+    return {
+        "sharing": ("allgather", int(sharing_message_bytes(params, scaling.SPARSITY))),
+        "powersgd": ("allreduce", 4 * powersgd_floats(shapes, rank=4)),
+        "dense": ("allreduce", 4 * params),
+    }
+
+
+def bytes_against_ranks(groups: dict[int, Any], rate: str, worlds: tuple[int, ...]
+                        ) -> list[dict[str, Any]]:
+    """Bytes each worker sends and receives per step (counters, mean over ranks) and the
+    slowest rank's seconds per step, per exchange and rank count, on the ring."""
+    cells = []
+    rows = []
+    for name, (kind, nbytes) in exchange_bytes().items():
+        for world in worlds:
+            out = groups[world].call(kind, "ring", nbytes, 2, timeout=300)
+            cell = {"rate": rate, "exchange": name, "world": world, "payload_bytes": nbytes,
+                    "tx_bytes_per_worker": statistics.mean(s for _, _, s in out),
+                    "rx_bytes_per_worker": statistics.mean(r for _, r, _ in out),
+                    "step_ms": max(t for t, _, _ in out) / 2 * 1e3,
+                    "load1": os.getloadavg()[0]}
+            cells.append(cell)
+            rows.append((name, world, int(cell["tx_bytes_per_worker"]),
+                         int(cell["rx_bytes_per_worker"]),
+                         cell["tx_bytes_per_worker"] / nbytes, cell["step_ms"],
+                         f"{cell['load1']:.1f}"))
+    print_table(f"bytes per worker per step against ranks at {rate} (ring; counters, payload "
+                f"plus framing; x payload: sent / one worker's payload)",
+                ["exchange", "ranks", "tx B/worker", "rx B/worker", "x payload", "ms/step",
+                 "load1"], rows)
+    return cells
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
@@ -101,19 +153,20 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     quick = bool(options.get("quick", False))
     repeats = int(options.get("repeats") or (3 if quick else 5))
     worlds = (2, 16) if quick else WORLDS
+    bytes_worlds = WORLDS
     sizes = (4 * KB,) if quick else SIZES
     reduce_sizes = () if quick else REDUCE_SIZES
     secret = secrets.token_bytes(32)
     fork = mp.get_context("fork")
     cluster = NetCluster(max(worlds), rate=RATES[0], name="sdlm", subnet="10.78.0",
                          state_dir="/tmp/sparkdl-netcluster-mesh")
-    result: dict[str, Any] = {"repeats": repeats, "cells": []}
+    result: dict[str, Any] = {"repeats": repeats, "cells": [], "bytes_vs_ranks": []}
     groups: dict[int, _Group] = {}
     cluster.up_network()
     try:
         store = TcpStoreServer(secret, host=cluster.master_ip, start=False)
         try:
-            for world in worlds:
+            for world in sorted({*worlds, *bytes_worlds}):
                 groups[world] = _Group(
                     f"mesh-{world}w", fork, _worker,
                     [(r, world, store.address, secret, cluster.hosts[r].netns,
@@ -154,6 +207,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                      "ring rx B/worker", "mesh rx B/worker", "load1"],
                     rows,
                 )
+                result["bytes_vs_ranks"] += bytes_against_ranks(groups, rate, bytes_worlds)
         finally:
             for g in groups.values():
                 g.close()
@@ -162,6 +216,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         cluster.down()
     target = [c for c in result["cells"] if c["rate"] == "1gbit" and c["world"] == 16
               and c["collective"] == "allgather" and c["bytes"] == 4 * KB]
+    psgd = {c["world"]: c["tx_bytes_per_worker"] for c in result["bytes_vs_ranks"]
+            if c["exchange"] == "powersgd" and c["rate"] == "1gbit"}
+    if psgd:
+        result["powersgd_bytes_16_vs_2"] = psgd[max(psgd)] / psgd[min(psgd)]
     if target:
         result["mesh_vs_ring_4kb_16w_1gbit"] = target[0]["mesh_vs_ring"]
         print(f"16 ranks, 1 Gbit/s, 4 KB allgather: mesh takes "

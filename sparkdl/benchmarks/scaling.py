@@ -10,6 +10,11 @@ per step (the communicator's counters), and what the model below predicts. Rates
 between cells with ``tc`` on the running cluster; repeats alternate the order of the modes
 and rates, and each figure is the median over repeats.
 
+``--ranks N`` measures instead ``N // 2`` hosts × 2 workers at 100 Mbit/s and 1 Gbit/s for
+sharing (``cluster.mesh: plain`` and ``mesh``), dense, and PowerSGD where the build has
+``training.compression: powersgd`` (docs/scaling.md); the N-rank terms come from
+:mod:`sparkdl.benchmarks.scaling_model`.
+
 ``--cpu-only`` measures only ``T_m / T_0`` below (``exchange_cpu_s`` and the paired ratio of
 each mode to the plain train step), on this model and on LeNet, without the cluster or root,
 and prints the load average beside it: the quick check of the exchanges' CPU overhead.
@@ -57,7 +62,10 @@ Performance model (all parameters measured in the same run, none fitted to the c
   that many bytes then leave at full speed.
 * ``S_p(w)``: waiting for the slowest rank, which a fit with communication off does not
   show: ``E[max over ranks of p steps] / p - E[step]``, drawn from each rank's step
-  durations in the compute-only fit's timeline (the ranks independent).
+  durations in the compute-only fit's timeline (the ranks independent). Those ranks run
+  free; where a step waits on the link (``W_link``, the wire term's link part), every rank
+  leaves the collective together with its CPU idle and starts the next step in lockstep
+  (fair share of the cores), so the spread is absorbed: ``S_eff = max(0, S - W_link)``.
 * ``hops · H``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
   allgather, ``2(N-1)/f`` for averaging) times the fixed cost of one hop: ``F(w)``, the ring's
   own per-hop cost measured on the cluster by the barrier-stage probe (50 allgathers of 64
@@ -103,6 +111,9 @@ SPARSITY = 1e-3
 SMALL_COLLECTIVES = 50  # 64-byte allgathers the ring probe times
 LARGE_COLLECTIVES = 5  # allreduces of the model's size the ring probe times
 DENSE_FLOATS = INPUT_DIM * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
+# ``--ranks N``: N // 2 hosts x 2 workers, one warm-up epoch and one per rate (twice)
+RANKS_MODES = ("sharing", "sharing_mesh", "dense", "powersgd")
+RANKS_RATES: tuple[str | None, ...] = ("100mbit", "1gbit")
 
 
 @dataclass
@@ -120,6 +131,8 @@ class Cell:
     predicted_s: float | None = None
     terms: dict[str, float] = field(default_factory=dict)
     missing: str | None = None
+    final_loss: float | None = None
+    load: float | None = None  # 1-minute load average after its fit
 
     @property
     def key(self) -> str:
@@ -141,15 +154,38 @@ def overlap_supported() -> bool:
     return "overlap" in inspect.signature(SharedTrainingMaster.__init__).parameters
 
 
+def powersgd_available() -> bool:
+    """Whether this build has ``training.compression: powersgd`` (issue 22's second
+    compressor); the ``--ranks`` cells skip the mode where it does not."""
+    from sparkdl.config import TrainingConfig
+
+    field_info = TrainingConfig.model_fields.get("compression")
+    return field_info is not None and "powersgd" in str(field_info.annotation)
+
+
+def _grid(ranks: int | None) -> None:
+    """The hosts and data size of the run: 2 hosts (the default grid), or ``ranks // 2``
+    hosts x 2 workers for ``--ranks`` (10 steps per epoch at 8 ranks)."""
+    global HOSTS, ROWS
+    if ranks is None:
+        HOSTS, ROWS = 2, 1280
+        return
+    if ranks < 4 or ranks % 2:
+        raise ValueError(f"--ranks: expected an even number of ranks >= 4, got {ranks}")
+    HOSTS, ROWS = ranks // 2, 10 * BATCH * ranks
+
+
 def run(options: dict[str, Any]) -> dict[str, Any]:
     from sparkdl.testing.netcluster import NetCluster, check_privileges
 
     if options.get("cpu_only"):
         return run_cpu_only(options)
+    ranks = options.get("ranks")
+    _grid(ranks)
     quick = bool(options.get("quick"))
-    rates = ("100mbit", None) if quick else RATES
-    per_host = (1,) if quick else WORKERS_PER_HOST
-    repeats = int(options.get("repeats") or (1 if quick else 2))
+    rates = RANKS_RATES if ranks else ("100mbit", None) if quick else RATES
+    per_host = (2,) if ranks else (1,) if quick else WORKERS_PER_HOST
+    repeats = int(options.get("repeats") or (1 if quick or ranks else 2))
     check_privileges()
     attach = options.get("cluster")
     workdir = Path(tempfile.mkdtemp(prefix="sparkdl-scaling-"))
@@ -157,8 +193,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         cluster = NetCluster.attach(attach)
         owned = False
     else:
-        cluster = NetCluster(HOSTS, CORES_PER_HOST, state_dir=workdir / "cluster", name="sdlb",
-                             subnet="10.77.5")
+        cluster = NetCluster(HOSTS, CORES_PER_HOST, state_dir=workdir / "cluster",
+                             name="sdlr" if ranks else "sdlb",
+                             subnet="10.77.6" if ranks else "10.77.5")
         owned = True
     original_rate = cluster.rate
     started = time.time()
@@ -166,11 +203,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     try:
         if owned:
             cluster.up()
-        links = {_rate_name(r): _measure_link(cluster, r) for r in rates}
+        links = {_rate_name(r): _measure_link(cluster, r) for r in dict.fromkeys((*rates, None))}
         _print_links(links)
         codec = _measure_codec()
         overlap = overlap_supported()
-        modes = MODES if overlap else tuple(m for m in MODES if m != "sharing_overlap")
+        all_modes = RANKS_MODES if ranks else MODES
+        modes = tuple(m for m in all_modes if (overlap or m != "sharing_overlap")
+                      and (m != "powersgd" or powersgd_available()))
         cpu: dict[str, float] = {}  # the first block's "before" figures (reported)
         cpu_ratios: dict[str, float] = {}
         cpu_by_wph: dict[int, dict[str, float]] = {}
@@ -196,13 +235,12 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
                       f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms", file=sys.stderr,
                       flush=True)
-                for index in range(len(MODES)):
-                    mode = MODES[(index + wph - 1) % len(MODES)]  # rotate the order
-                    if mode == "sharing_overlap" and not overlap:
+                for index in range(len(all_modes)):
+                    mode = all_modes[(index + wph - 1) % len(all_modes)]  # rotate the order
+                    if mode not in modes:
                         for rate in rates:
                             cells.setdefault(f"{mode}/{_rate_name(rate)}/{wph}", Cell(
-                                rate, wph, mode,
-                                missing="SharedTrainingMaster has no overlap in this build"))
+                                rate, wph, mode, missing=f"{mode} is not in this build"))
                         continue
                     measured = _fit(spark, cluster, uri, mode, wph, schedule)
                     for epoch, rate in enumerate(schedule[1:], start=1):
@@ -237,6 +275,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                     jitter_s=straggler_seconds(steps_of_ranks[wph], period),
                     bucket_bytes=bucket_bytes(cell.rate))
     figures = _figures(cells, compute_s, codec, links, repeats, schedule)
+    figures["load_average_by_cell"] = {c.key: c.load for c in cells.values() if c.load}
     figures["exchange_cpu_s"] = cpu
     figures["exchange_cpu_ratio"] = cpu_ratios
     figures["exchange_cpu_s_by_block"] = {f"{w}x{HOSTS}": c for w, c in cpu_by_wph.items()}
@@ -487,6 +526,12 @@ def _master(mode: str, num_workers: int) -> Any:
     )
 
     common = {"batch_size_per_worker": BATCH, "num_workers": num_workers}
+    if mode == "powersgd":  # only where powersgd_available()
+        from sparkdl.config import TrainingConfig
+        from sparkdl.training.masters import master_from_training_config
+
+        return master_from_training_config(TrainingConfig.model_validate(
+            {"mode": "sharing", "compression": "powersgd", **common}))
     if mode.startswith("sharing"):
         extra = {"overlap": True} if mode == "sharing_overlap" else {}
         return SharedTrainingMaster(**common, threshold=TargetSparsityThreshold(SPARSITY),
@@ -525,7 +570,8 @@ def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
     cluster.set_rate(schedule[0])
     workers = workers_per_host * HOSTS
     # one flat ring of all ranks (the model's k); the per-host accumulator is another topology
-    cluster_config = ClusterConfig(topology="flat")
+    mesh = "mesh" if mode == "sharing_mesh" else "plain"
+    cluster_config = ClusterConfig(topology="flat", mesh=mesh)
     fit = SparkModel(spark, _model(), _master(mode, workers), cluster=cluster_config).fit(
         uri, epochs=len(schedule), verbose=0, log_every_steps=10**6,
         callbacks=[RateSchedule()], **({"timeline": timeline} if timeline else {}))
@@ -537,6 +583,7 @@ def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
         "sparsity": fit.metrics["step_stats"].get("sparsity"),
         "hosts": [a.rsplit(":", 1)[0] for a in fit.metrics["executor_addresses"]],
         "timeline": list(fit.metrics.get("timeline") or []),
+        "loss": list(fit.history.get("loss") or []),
     }
 
 
@@ -555,6 +602,8 @@ def _record(cell: Cell, measured: dict[str, Any], epoch: int) -> None:
     cell.phases = measured["phases"]
     cell.hosts_of_ranks = measured["hosts"]
     cell.sparsity = measured["sparsity"]
+    cell.final_loss = measured["loss"][-1] if measured["loss"] else None
+    cell.load = os.getloadavg()[0]
 
 
 def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
@@ -700,13 +749,40 @@ def ring_crossings(hosts_of_ranks: list[str]) -> int:
     return max([*leaving.values(), *entering.values(), 0])
 
 
+def bruck_link_bytes(hosts_of_ranks: list[str], bytes_sent: float) -> float:
+    """Bytes the busiest host link carries in a Bruck allgather (``cluster.mesh: mesh``)
+    where every rank sends ``bytes_sent`` in all: step ``k`` (distance ``d = 2^k``) sends
+    ``min(d, N - d)`` messages from each rank ``r`` to ``r + d``; the steps are sequential, so
+    each step's busiest link (leaving or entering a host) adds up."""
+    from sparkdl.comm.mesh import distances
+
+    n = len(hosts_of_ranks)
+    steps = list(distances(n)) if n > 1 else []
+    counts = [min(d, n - d) for d in steps]
+    if not counts:
+        return 0.0
+    message = bytes_sent / sum(counts)
+    total = 0.0
+    for d, count in zip(steps, counts, strict=True):
+        leaving: dict[str, int] = {}
+        entering: dict[str, int] = {}
+        for rank, host in enumerate(hosts_of_ranks):
+            peer = hosts_of_ranks[(rank + d) % n]
+            if peer != host:
+                leaving[host] = leaving.get(host, 0) + 1
+                entering[peer] = entering.get(peer, 0) + 1
+        total += max([*leaving.values(), *entering.values(), 0]) * count * message
+    return total
+
+
 def hops_per_step(mode: str, num_workers: int) -> float:
-    """Sequential messages a step waits for (ring algorithms)."""
-    if mode == "dense":
-        return 2.0 * (num_workers - 1)
+    """Sequential messages a step waits for (:func:`scaling_model.collective_cost`; averaging
+    allreduces every ``f`` steps)."""
+    from sparkdl.benchmarks.scaling_model import collective_cost
+
     if mode == "averaging":
         return 2.0 * (num_workers - 1) / AVERAGING_FREQUENCY
-    return float(num_workers - 1)
+    return collective_cost(mode, num_workers).hops
 
 
 def predict(cell: Cell, compute_s: float, codec: dict[str, float],
@@ -721,17 +797,22 @@ def predict(cell: Cell, compute_s: float, codec: dict[str, float],
     own cost per byte sent beyond the wire (copies, sums); ``jitter_s``: what waiting for the
     slowest rank adds per step (:func:`straggler_seconds`); ``bucket_bytes``: the link's token
     bucket, refilled while the step computes and then sent at full speed."""
-    workers = cell.workers_per_host * HOSTS
+    workers = len(cell.hosts_of_ranks) or cell.workers_per_host * HOSTS
     share = max(1.0, workers / (os.cpu_count() or 1))
-    sharing = cell.mode.startswith("sharing")
+    sharing = cell.mode.startswith("sharing")  # the N - 1 others' messages to decode
     decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
     bytes_per_step = statistics.median(cell.bytes_per_step)
-    on_link = ring_crossings(cell.hosts_of_ranks) * bytes_per_step
+    if cell.mode == "sharing_mesh":
+        on_link = bruck_link_bytes(cell.hosts_of_ranks, bytes_per_step)
+    else:
+        on_link = ring_crossings(cell.hosts_of_ranks) * bytes_per_step
     # bytes the bucket lets through at full speed: what refilled while the link idled (the
     # computing part of the steps between two collectives), at most the bucket
     period = AVERAGING_FREQUENCY if cell.mode == "averaging" else 1
     credit = min(bucket_bytes, link["bytes_per_s"] * period * compute_s) / period
-    wire = max(0.0, on_link - credit) / link["bytes_per_s"] + bytes_per_step * ring_byte_s
+    link_wait = max(0.0, on_link - credit) / link["bytes_per_s"]
+    wire = link_wait + bytes_per_step * ring_byte_s
+    jitter_s = max(0.0, jitter_s - link_wait)  # absorbed while every rank waits on the link
     latency = hops_per_step(cell.mode, workers) * (link["latency_s"] if hop_s is None else hop_s)
     if cell.mode == "sharing_overlap":
         predicted = max(compute_s + decode, wire + latency) + jitter_s
@@ -798,6 +879,8 @@ def _figures(cells: dict[str, Cell], compute_s: dict[int, float], codec: dict[st
                 "sparsity": cell.sparsity,
                 "ranks_on_hosts": cell.hosts_of_ranks,
                 "missing": cell.missing,
+                "final_loss": cell.final_loss,
+                "load1": cell.load,
             }
             for cell in cells.values()
         },

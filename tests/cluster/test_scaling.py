@@ -14,6 +14,7 @@ import pytest
 
 from sparkdl.benchmarks.scaling import (
     Cell,
+    bruck_link_bytes,
     bucket_bytes,
     predict,
     rate_schedule,
@@ -123,3 +124,41 @@ def test_straggler_seconds_is_what_the_slowest_rank_adds():
     assert straggler_seconds([[0.01, 0.03], [0.01, 0.03]]) == pytest.approx(0.005, abs=6e-4)
     # meeting every 5 steps averages the spread out
     assert straggler_seconds([[0.01, 0.03], [0.01, 0.03]], period=5) < 0.004
+
+
+def test_predict_absorbs_the_straggler_spread_while_every_rank_waits_on_the_link():
+    link = {"bytes_per_s": 1e6, "latency_s": 0.0}
+    codec = {"decode_s": 0.0, "encode_s": 0.0, "parameters": 1}
+    dense = Cell("100mbit", 1, "dense", step_s=[1.0], bytes_per_step=[5e3],
+                 hosts_of_ranks=["a", "b"])  # 5 ms on the link
+    predict(dense, 0.05, codec, link, jitter_s=0.02)
+    assert dense.terms["straggler_s"] == pytest.approx(0.015)
+    predict(dense, 0.05, codec, link, jitter_s=0.004)
+    assert dense.terms["straggler_s"] == 0.0
+
+
+def test_predict_counts_log2_hops_and_each_bruck_steps_busiest_link_in_mesh_mode():
+    link = {"bytes_per_s": 1e6, "latency_s": 1e-3}
+    codec = {"decode_s": 0.0, "encode_s": 0.0, "parameters": 1}
+    hosts = ["a", "b", "c", "d", "a", "b", "c", "d"]  # 8 ranks, two per host, interleaved
+    mesh = Cell("100mbit", 2, "sharing_mesh", step_s=[1.0], bytes_per_step=[7e3],
+                hosts_of_ranks=hosts)
+    predict(mesh, 0.0, codec, link)
+    assert mesh.terms["latency_s"] == pytest.approx(3 * 1e-3)  # ⌈log2 8⌉ steps, not 7
+    # 1 KB messages; steps of distance 1, 2, 4 send 1, 2, 4 of them; distance 4 stays on the
+    # host (rank r and r + 4 share it), the others leave every host twice
+    assert bruck_link_bytes(hosts, 7e3) == pytest.approx(2 * 1e3 + 2 * 2e3)
+    assert mesh.terms["wire_s"] == pytest.approx(6e3 / 1e6)
+
+
+def test_ranks_option_takes_an_even_count_of_at_least_four():
+    from sparkdl.benchmarks import scaling
+
+    try:
+        scaling._grid(8)
+        assert (scaling.HOSTS, scaling.ROWS) == (4, 2560)
+        with pytest.raises(ValueError, match="--ranks: expected an even number"):
+            scaling._grid(7)
+    finally:
+        scaling._grid(None)
+    assert (scaling.HOSTS, scaling.ROWS) == (2, 1280)
