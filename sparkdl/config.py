@@ -138,6 +138,19 @@ class ModelConfig(_Section):
     loss: str = "sparse_categorical_crossentropy"
 
 
+class PowerSGDConfig(_Section):
+    """PowerSGD (``sparkdl.compression.powersgd``; ``training.compression: powersgd``)."""
+
+    rank: int = Field(default=4, ge=1, description="the approximation rank r")
+    min_compression: float = Field(
+        default=2.0, ge=1,
+        description="compress a tensor only where its factors are this many times smaller",
+    )
+    warm_start: bool = Field(default=True, description="reuse the previous step's Q")
+    start_step: int = Field(
+        default=0, ge=0, description="allreduce the whole gradient before this step")
+
+
 class ThresholdConfig(_Section):
     """The threshold algorithm (``sparkdl.compression.threshold``)."""
 
@@ -212,6 +225,13 @@ class TrainingConfig(_Section):
     shake_up: ShakeUpConfig = Field(default_factory=ShakeUpConfig)
     residual_clipping: ClippingConfig = Field(default_factory=ClippingConfig)
     encoder: Literal["auto", "host", "device"] = "auto"
+    compression: Literal["threshold", "powersgd"] = Field(
+        default="threshold",
+        description="mode sharing: 'threshold' (Strom 2015: the threshold, shake_up and "
+        "residual_clipping keys) or 'powersgd' (Vogels et al. 2019: rank-r factors summed by "
+        "allreduce; the powersgd keys)",
+    )
+    powersgd: PowerSGDConfig = Field(default_factory=lambda: PowerSGDConfig())
     overlap: bool = Field(
         default=False,
         description="sharing and dense: exchange step t's message while step t+1 computes; "

@@ -11,8 +11,8 @@ between cells with ``tc`` on the running cluster; repeats alternate the order of
 and rates, and each figure is the median over repeats.
 
 ``--ranks N`` measures instead ``N // 2`` hosts × 2 workers at 100 Mbit/s and 1 Gbit/s for
-sharing (``cluster.mesh: plain`` and ``mesh``), dense, and PowerSGD where the build has
-``training.compression: powersgd`` (docs/scaling.md); the N-rank terms come from
+sharing (``cluster.mesh: plain`` and ``mesh``), dense, and PowerSGD
+(``training.compression: powersgd``) (docs/scaling.md); the N-rank terms come from
 :mod:`sparkdl.benchmarks.scaling_model`.
 
 ``--cpu-only`` measures only ``T_m / T_0`` below (``exchange_cpu_s`` and the paired ratio of
@@ -154,15 +154,6 @@ def overlap_supported() -> bool:
     return "overlap" in inspect.signature(SharedTrainingMaster.__init__).parameters
 
 
-def powersgd_available() -> bool:
-    """Whether this build has ``training.compression: powersgd`` (issue 22's second
-    compressor); the ``--ranks`` cells skip the mode where it does not."""
-    from sparkdl.config import TrainingConfig
-
-    field_info = TrainingConfig.model_fields.get("compression")
-    return field_info is not None and "powersgd" in str(field_info.annotation)
-
-
 def _grid(ranks: int | None) -> None:
     """The hosts and data size of the run: 2 hosts (the default grid), or ``ranks // 2``
     hosts x 2 workers for ``--ranks`` (10 steps per epoch at 8 ranks)."""
@@ -208,8 +199,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         codec = _measure_codec()
         overlap = overlap_supported()
         all_modes = RANKS_MODES if ranks else MODES
-        modes = tuple(m for m in all_modes if (overlap or m != "sharing_overlap")
-                      and (m != "powersgd" or powersgd_available()))
+        modes = tuple(m for m in all_modes if overlap or m != "sharing_overlap")
         cpu: dict[str, float] = {}  # the first block's "before" figures (reported)
         cpu_ratios: dict[str, float] = {}
         cpu_by_wph: dict[int, dict[str, float]] = {}
@@ -526,12 +516,10 @@ def _master(mode: str, num_workers: int) -> Any:
     )
 
     common = {"batch_size_per_worker": BATCH, "num_workers": num_workers}
-    if mode == "powersgd":  # only where powersgd_available()
-        from sparkdl.config import TrainingConfig
-        from sparkdl.training.masters import master_from_training_config
+    if mode == "powersgd":
+        from sparkdl.compression.powersgd import PowerSGDCompressorConfig
 
-        return master_from_training_config(TrainingConfig.model_validate(
-            {"mode": "sharing", "compression": "powersgd", **common}))
+        return SharedTrainingMaster(**common, compressor=PowerSGDCompressorConfig())
     if mode.startswith("sharing"):
         extra = {"overlap": True} if mode == "sharing_overlap" else {}
         return SharedTrainingMaster(**common, threshold=TargetSparsityThreshold(SPARSITY),

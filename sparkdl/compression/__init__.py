@@ -4,7 +4,9 @@ GRACE's split: :mod:`~sparkdl.compression.compressor` (the *Compressor*, and the
 object a training master carries), :mod:`~sparkdl.compression.memory` (the *Memory*: the
 residual), :mod:`~sparkdl.compression.threshold` (chooses tau; residual post-processors),
 :mod:`~sparkdl.compression.encoding` (±tau messages, sparse or bitmap) and
-:mod:`~sparkdl.compression.wire` (frames).
+:mod:`~sparkdl.compression.wire` (frames). A second compressor,
+:mod:`~sparkdl.compression.powersgd` (PowerSGD: rank-r factors summed by allreduce), shares
+the memory, the config registry and everything outside the compressor.
 """
 
 from sparkdl.compression.compressor import (
@@ -25,6 +27,7 @@ from sparkdl.compression.encoding import (
     threshold_encode,
 )
 from sparkdl.compression.memory import HostMemory, Memory
+from sparkdl.compression.powersgd import PowerSGDCompressor, PowerSGDCompressorConfig
 from sparkdl.compression.threshold import (
     DEFAULT_TAU,
     AdaptiveThreshold,
@@ -59,6 +62,8 @@ __all__ = [
     "FrameHeader",
     "HostMemory",
     "Memory",
+    "PowerSGDCompressor",
+    "PowerSGDCompressorConfig",
     "ResidualClipping",
     "ResidualPostProcessor",
     "ShakeUp",

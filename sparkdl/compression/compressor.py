@@ -393,9 +393,16 @@ class CompressorConfig(abc.ABC):
     """What a training master carries to its workers to build their compressors: plain
     configuration (``get_config`` / ``from_config``, Keras-style), no per-worker state."""
 
+    #: The collective its messages travel by: ``"allgather"`` (every rank's frame reaches
+    #: every rank: threshold) or ``"allreduce"`` (the messages are summed: PowerSGD).
+    collective: ClassVar[str] = "allgather"
+
     @abc.abstractmethod
-    def build(self, num_elements: int, *, job_id: int, rank: int) -> Compressor:
-        """A new compressor for one worker's ``num_elements``-element update (host side)."""
+    def build(self, num_elements: int, *, job_id: int, rank: int,
+              shapes: Sequence[Sequence[int]] | None = None) -> Compressor:
+        """A new compressor for one worker's ``num_elements``-element update (host side);
+        ``shapes``: the trainable tensors' shapes in the update's order (for compressors
+        that work per tensor)."""
 
     @abc.abstractmethod
     def get_config(self) -> dict[str, Any]:
@@ -450,7 +457,8 @@ class ThresholdCompressorConfig(CompressorConfig):
         self.shake_up = shake_up
         self.residual_post_processor = copy.deepcopy(residual_post_processor)
 
-    def build(self, num_elements: int, *, job_id: int, rank: int) -> ThresholdCompressor:
+    def build(self, num_elements: int, *, job_id: int, rank: int,
+              shapes: Sequence[Sequence[int]] | None = None) -> ThresholdCompressor:
         return ThresholdCompressor(
             num_elements,
             copy.deepcopy(self.threshold),

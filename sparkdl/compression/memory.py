@@ -116,3 +116,15 @@ class HostMemory(Memory):
     def post_process(self, tau: float, step: int) -> None:
         if self.post_processor is not None:
             self.post_processor.apply(self.residual, tau, step)
+
+    def compensate(self, update: np.ndarray) -> np.ndarray:
+        """GRACE's ``memory.compensate``: add ``update`` to the residual (in place) and return
+        the residual, now the update to compress. (The threshold compressor fuses this add
+        with its encode pass.)"""
+        self._residual += self._checked(update)
+        return self._residual
+
+    def update(self, sent: np.ndarray, start: int = 0) -> None:
+        """GRACE's ``memory.update``: what was sent of ``residual[start:start + len(sent)]``
+        leaves it (the rest is kept back for the next step)."""
+        self._residual[start:start + len(sent)] -= sent

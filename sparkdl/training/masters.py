@@ -145,6 +145,10 @@ class SharedTrainingMaster(TrainingMaster):
             raise ConfigurationError(
                 f"give either compressor or {given}, not both (they are part of the compressor)"
             )
+        if compressor.collective != "allgather" and encoder == "device":
+            raise ConfigurationError(
+                f"encoder='device' needs a ThresholdCompressorConfig; "
+                f"{type(compressor).__name__} runs on the host (use encoder='host' or 'auto')")
         self.compressor = compressor
 
     # The threshold compressor's parts, as attributes of the master (None for other
@@ -207,6 +211,14 @@ class SharedTrainingMaster(TrainingMaster):
         from sparkdl.training.variables import FlatVariables
 
         variables = model.trainable_variables
+        if self.compressor.collective == "allreduce":
+            from sparkdl.training.powersgd import PowerSGDExchange
+
+            shapes = [tuple(v.shape) for v in variables]
+            built = self.compressor.build(FlatVariables(variables).size, job_id=job_id,
+                                          rank=comm.rank, shapes=shapes)
+            return PowerSGDExchange(model, comm, built,  # type: ignore[arg-type]
+                                    overlap=self.overlap)
         on_device = self.encoder == "device" or (
             self.encoder == "auto"
             and variables_on_gpu(variables)
@@ -412,6 +424,18 @@ def master_from_training_config(training: TrainingConfig, model: Any = None) -> 
             max_sparsity=t.max_sparsity,
             decay=t.decay,
             min_elements=t.min_elements,
+        )
+    if training.compression == "powersgd":
+        from sparkdl.compression.powersgd import PowerSGDCompressorConfig
+
+        p = training.powersgd
+        return SharedTrainingMaster(
+            **common,
+            compressor=PowerSGDCompressorConfig(
+                rank=p.rank, min_compression=p.min_compression, warm_start=p.warm_start,
+                start_step=p.start_step, seed=training.seed),
+            encoder=training.encoder,
+            overlap=training.overlap,
         )
     return SharedTrainingMaster(
         **common,
