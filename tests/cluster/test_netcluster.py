@@ -69,11 +69,12 @@ def test_harness_hosts_links_and_shm(cluster):
     assert seconds >= 0.25, seconds
 
 
-def _pipeline(cluster, tmp_path, mode: str, epochs: int, **submit_kwargs):
+def _pipeline(cluster, tmp_path, mode: str, epochs: int, *, compression: str = "threshold",
+              **submit_kwargs):
     out, data = tmp_path / "out", tmp_path / "data"
     args = ["--conf", CONF, "--set", "training.num_workers=4", "--set", f"training.mode={mode}",
             "--set", f"training.epochs={epochs}", "--set", f"output.dir={out}",
-            "--set", f"data.dir={data}"]
+            "--set", f"data.dir={data}", "--set", f"training.compression={compression}"]
     proc = submit(cluster, "jobs/pipeline.py", args, tmp_path, timeout=400, **submit_kwargs)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "metrics.json").read_text())
@@ -109,10 +110,13 @@ def test_pipeline_sharing_with_gpu_scheduling(cluster, tmp_path):
     }
 
 
-@pytest.mark.parametrize("mode", ["averaging", "dense"])
-def test_pipeline_modes(cluster, tmp_path, mode):
-    metrics = _pipeline(cluster, tmp_path, mode, 6)
+# averaging across JVMs: test_jobs.py's spark-submit stages; PowerSGD here is the YAML path
+# of a user (training.compression) on 2 hosts x 2 workers
+@pytest.mark.parametrize(("mode", "compression"), [("sharing", "powersgd"), ("dense", "threshold")])
+def test_pipeline_modes(cluster, tmp_path, mode, compression):
+    metrics = _pipeline(cluster, tmp_path, mode, 6, compression=compression)
     assert metrics["mode"] == mode
+    assert metrics["replicas_identical"] is True
     assert metrics["test_accuracy"] >= 0.9
     hosts = {address.rsplit(":", 1)[0] for address in metrics["executor_addresses"]}
     assert hosts == {h.ip for h in cluster.hosts}
