@@ -99,8 +99,14 @@ def test_a_fit_goes_on_with_three_workers_when_a_host_is_lost(cluster, reference
     assert metrics["resumed_from"]
     workers = metrics["history"]["workers"]
     assert len(workers) == EPOCHS
-    assert workers[: event["epoch"]] == [WORKERS] * event["epoch"]
-    assert workers[event["epoch"]:] == [3] * (EPOCHS - event["epoch"])
+    resumed = event["epoch"]
+    assert workers[:resumed] == [WORKERS] * resumed
+    # the epoch the fit resumed at may have ended once with 4 workers before the host was
+    # lost (its end event reached the driver, its checkpoint not): the history keeps an
+    # epoch's first end, as for any retried stage (events.DriverCallbacks), so Keras's
+    # callbacks see each epoch once
+    assert workers[resumed] in (WORKERS, 3)
+    assert workers[resumed + 1:] == [3] * (EPOCHS - resumed - 1)
     assert metrics["replicas_identical"] is True
     report = (out / "report.html").read_text()
     assert f"with 3 workers instead of {WORKERS}" in report
