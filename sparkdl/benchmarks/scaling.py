@@ -83,7 +83,6 @@ is recorded beside the figures.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import statistics
 import sys
@@ -147,13 +146,6 @@ def _rate_name(rate: str | None) -> str:
     return rate or "unlimited"
 
 
-def overlap_supported() -> bool:
-    """Whether this build's SharedTrainingMaster has ``overlap`` (training.overlap)."""
-    from sparkdl.training.masters import SharedTrainingMaster
-
-    return "overlap" in inspect.signature(SharedTrainingMaster.__init__).parameters
-
-
 def _grid(ranks: int | None) -> None:
     """The hosts and data size of the run: 2 hosts (the default grid), or ``ranks // 2``
     hosts x 2 workers for ``--ranks`` (10 steps per epoch at 8 ranks)."""
@@ -197,9 +189,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         links = {_rate_name(r): _measure_link(cluster, r) for r in dict.fromkeys((*rates, None))}
         _print_links(links)
         codec = _measure_codec()
-        overlap = overlap_supported()
-        all_modes = RANKS_MODES if ranks else MODES
-        modes = tuple(m for m in all_modes if overlap or m != "sharing_overlap")
+        modes = RANKS_MODES if ranks else MODES
         cpu: dict[str, float] = {}  # the first block's "before" figures (reported)
         cpu_ratios: dict[str, float] = {}
         cpu_by_wph: dict[int, dict[str, float]] = {}
@@ -225,13 +215,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
                       f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms", file=sys.stderr,
                       flush=True)
-                for index in range(len(all_modes)):
-                    mode = all_modes[(index + wph - 1) % len(all_modes)]  # rotate the order
-                    if mode not in modes:
-                        for rate in rates:
-                            cells.setdefault(f"{mode}/{_rate_name(rate)}/{wph}", Cell(
-                                rate, wph, mode, missing=f"{mode} is not in this build"))
-                        continue
+                for index in range(len(modes)):
+                    mode = modes[(index + wph - 1) % len(modes)]  # rotate the order
                     measured = _fit(spark, cluster, uri, mode, wph, schedule)
                     for epoch, rate in enumerate(schedule[1:], start=1):
                         cell = cells.setdefault(f"{mode}/{_rate_name(rate)}/{wph}",

@@ -72,20 +72,12 @@ def num_parameters(shapes: Iterable[Sequence[int]]) -> int:
 
 
 def powersgd_floats(shapes: Iterable[Sequence[int]], rank: int = 4) -> int:
-    """Floats one PowerSGD step allreduces: ``(rows + cols) · rank`` per matrix that it
-    compresses (P and Q), the whole tensor for 1-D tensors and for matrices too small to
-    gain."""
-    total = 0
-    for shape in shapes:
-        size = math.prod(shape)
-        if len(shape) < 2:
-            total += size
-            continue
-        cols = shape[-1]
-        rows = size // cols
-        factors = (rows + cols) * rank
-        total += factors if factors < size else size
-    return total
+    """Floats one PowerSGD step allreduces (P and Q of each compressed matrix, the whole of
+    every other tensor), by the compressor's own rule
+    (:func:`sparkdl.compression.powersgd.message_floats`)."""
+    from sparkdl.compression.powersgd import message_floats
+
+    return message_floats([tuple(shape) for shape in shapes], rank)
 
 
 def sharing_message_bytes(parameters: int, sparsity: float, bytes_per_element: float = 4.0,

@@ -45,7 +45,7 @@ from sparkdl.compression.compressor import (
 from sparkdl.compression.memory import HostMemory
 from sparkdl.errors import ConfigurationError
 
-__all__ = ["PowerSGDCompressor", "PowerSGDCompressorConfig"]
+__all__ = ["PowerSGDCompressor", "PowerSGDCompressorConfig", "message_floats"]
 
 #: Added to a column's norm before dividing (PyTorch's ``orthogonalization_epsilon``): an
 #: all-zero column stays zero instead of becoming NaN.
@@ -74,6 +74,26 @@ def _matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
     if len(shape) < 2:
         return int(np.prod(shape, dtype=np.int64)), 1
     return int(np.prod(shape[:-1], dtype=np.int64)), int(shape[-1])
+
+
+def _plan(shapes: Sequence[Sequence[int]], rank: int, min_compression: float) -> list[_Block]:
+    """Each tensor's place in the flat update and whether it travels as factors: a matrix
+    with at least ``min_compression`` times its factors' elements."""
+    blocks, start = [], 0
+    for shape in shapes:
+        rows, cols = _matrix_shape(shape)
+        low_rank = len(shape) >= 2 and rows * cols >= min_compression * (rows + cols) * rank
+        blocks.append(_Block(start, rows, cols, low_rank))
+        start += rows * cols
+    return blocks
+
+
+def message_floats(shapes: Sequence[Sequence[int]], rank: int = 4,
+                   min_compression: float = 2.0) -> int:
+    """Floats one PowerSGD step allreduces, both messages together: ``(rows + cols) · rank``
+    per compressed matrix, the whole of every other tensor (no compressor built)."""
+    return sum((b.rows + b.cols) * rank if b.low_rank else b.size
+               for b in _plan(shapes, rank, min_compression))
 
 
 class PowerSGDCompressor(Compressor):
@@ -105,16 +125,9 @@ class PowerSGDCompressor(Compressor):
         job_id: int = 0,
         worker_rank: int = 0,
     ) -> None:
-        blocks, start = [], 0
-        for shape in shapes:
-            rows, cols = _matrix_shape(shape)
-            compress = (
-                len(shape) >= 2
-                and rows * cols >= min_compression * (rows + cols) * rank
-            )
-            blocks.append(_Block(start, rows, cols, compress))
-            start += rows * cols
-        super().__init__(HostMemory(start), job_id=job_id, rank=worker_rank)
+        blocks = _plan(shapes, rank, min_compression)
+        super().__init__(HostMemory(sum(b.size for b in blocks)), job_id=job_id,
+                         rank=worker_rank)
         self.approximation_rank = rank
         self.warm_start = warm_start
         self.start_step = start_step

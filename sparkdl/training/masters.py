@@ -212,13 +212,14 @@ class SharedTrainingMaster(TrainingMaster):
 
         variables = model.trainable_variables
         if self.compressor.collective == "allreduce":
+            from sparkdl.compression.powersgd import PowerSGDCompressor
             from sparkdl.training.powersgd import PowerSGDExchange
 
             shapes = [tuple(v.shape) for v in variables]
             built = self.compressor.build(FlatVariables(variables).size, job_id=job_id,
                                           rank=comm.rank, shapes=shapes)
-            return PowerSGDExchange(model, comm, built,  # type: ignore[arg-type]
-                                    overlap=self.overlap)
+            assert isinstance(built, PowerSGDCompressor)  # the one allreduce compressor
+            return PowerSGDExchange(model, comm, built, overlap=self.overlap)
         on_device = self.encoder == "device" or (
             self.encoder == "auto"
             and variables_on_gpu(variables)

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
-from sparkdl.compression.compressor import prefixed, unprefixed
+from sparkdl.compression.compressor import EncodingStats, prefixed, unprefixed
 from sparkdl.compression.powersgd import PowerSGDCompressor
 from sparkdl.training.exchange import UpdateExchange
 from sparkdl.training.host_views import aligned_empty
@@ -33,10 +33,8 @@ class PowerSGDExchange(UpdateExchange):
                  compressor: PowerSGDCompressor, *, overlap: bool = False) -> None:
         super().__init__(model, comm, overlap=overlap)
         self.compressor = compressor
+        self.last_stats: EncodingStats | None = None  # the last compress (frame_bytes)
         self._mean = aligned_empty(self.trainable.size, np.dtype(np.float32))  # TF reads it
-
-    def _update_is_gradient(self) -> bool:
-        return True
 
     def encode(self, update: np.ndarray, step: int) -> np.ndarray:
         """The gradient itself: the compressor runs in :meth:`communicate`, so that with
@@ -58,7 +56,7 @@ class PowerSGDExchange(UpdateExchange):
 
     def apply(self, decoded: Any, step: int) -> dict[str, float]:
         extra = super().apply(decoded, step)
-        stats = getattr(self, "last_stats", None)
+        stats = self.last_stats
         if stats is not None:
             extra = {**extra, "frame_bytes": float(stats.bytes_encoded),
                      "sparsity": float(stats.sparsity)}
