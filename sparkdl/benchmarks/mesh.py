@@ -144,6 +144,85 @@ def bytes_against_ranks(groups: dict[int, Any], rate: str, worlds: tuple[int, ..
     return cells
 
 
+def calibrate(cells: list[dict[str, Any]], cores: int) -> dict[str, Any] | None:
+    """The collective model's constants (:func:`~sparkdl.benchmarks.scaling_model.
+    collective_seconds`), from cells it is not checked on: each rate's goodput from the
+    2-rank 256 KB ring allgather (one step, bandwidth-bound) and the fixed cost of one step
+    from the 4-rank cells of at most 4 KB at the fastest rate (latency-bound), per its
+    oversubscription. None without those cells (``--quick``)."""
+    from sparkdl.benchmarks.scaling_model import collective_steps, oversubscription
+
+    goodput = {c["rate"]: c["bytes"] / (c["ring_ms"] / 1e3) for c in cells
+               if c["world"] == 2 and c["collective"] == "allgather" and c["bytes"] == 256 * KB}
+    fastest = RATES[-1]
+    hops = [c[f"{impl}_ms"] / 1e3 / len(collective_steps(c["collective"], impl, 4, c["bytes"]))
+            / oversubscription(4, cores)
+            for c in cells if c["world"] == 4 and c["rate"] == fastest and c["bytes"] <= 4 * KB
+            for impl in ("ring", "mesh")]
+    if set(goodput) != set(RATES) or not hops:
+        return None
+    return {"bytes_per_s": goodput, "hop_s": statistics.median(hops), "cores": cores}
+
+
+def auto_algorithm(collective: str, world: int, nbytes: int) -> str:
+    """What ``cluster.mesh: auto`` runs for this collective (:mod:`sparkdl.comm.mesh`)."""
+    from sparkdl.comm.mesh import AUTO_MAX_GATHER_BYTES, AUTO_MAX_REDUCE_BYTES, AUTO_MIN_RANKS
+
+    limit = AUTO_MAX_GATHER_BYTES if collective == "allgather" else AUTO_MAX_REDUCE_BYTES
+    return "mesh" if world >= AUTO_MIN_RANKS and nbytes <= limit else "ring"
+
+
+def check_model(cells: list[dict[str, Any]], calibration: dict[str, Any]) -> dict[str, Any]:
+    """Add each cell's predicted ring and mesh times and errors; summarise the errors of the
+    8- and 16-rank cells (not used to calibrate), over all cells and over what
+    ``cluster.mesh: auto`` would run."""
+    from sparkdl.benchmarks.scaling_model import (
+        collective_seconds,
+        collective_steps,
+        oversubscription,
+    )
+
+    errors: list[float] = []
+    chosen: list[float] = []
+    rows = []
+    for c in cells:
+        hop = calibration["hop_s"] * oversubscription(c["world"], calibration["cores"])
+        rate = calibration["bytes_per_s"][c["rate"]]
+        for impl in ("ring", "mesh"):
+            steps = collective_steps(c["collective"], impl, c["world"], c["bytes"])
+            predicted = collective_seconds(steps, hop, rate) * 1e3
+            c[f"{impl}_model_ms"] = predicted
+            c[f"{impl}_model_error"] = error = predicted / c[f"{impl}_ms"] - 1
+            if c["world"] >= 8:
+                errors.append(abs(error))
+                if impl == auto_algorithm(c["collective"], c["world"], c["bytes"]):
+                    chosen.append(abs(error))
+        if c["world"] >= 8:
+            rows.append((c["rate"], f"{c['collective']} {c['bytes'] // KB} KB", c["world"],
+                         c["ring_ms"], c["ring_model_ms"], c["ring_model_error"],
+                         c["mesh_ms"], c["mesh_model_ms"], c["mesh_model_error"]))
+    print_table(
+        f"the collective model against the 8- and 16-rank cells (calibrated on 2 and 4 ranks: "
+        f"one step {calibration['hop_s'] * 1e6:.1f} us x ranks/cores, goodput "
+        + ", ".join(f"{r} {b * 8 / 1e6:.0f} Mbit/s"
+                    for r, b in calibration["bytes_per_s"].items()) + ")",
+        ["rate", "collective", "ranks", "ring ms", "model", "error", "mesh ms", "model",
+         "error"], rows)
+    summary = {
+        **calibration,
+        "error_max": max(errors), "error_median": statistics.median(errors),
+        "within_0_2": sum(e <= 0.2 for e in errors), "cells": len(errors),
+        "auto_error_max": max(chosen), "auto_error_median": statistics.median(chosen),
+        "auto_within_0_2": sum(e <= 0.2 for e in chosen), "auto_cells": len(chosen),
+    }
+    print(f"model error at 8 and 16 ranks: median {summary['error_median']:.2f}, max "
+          f"{summary['error_max']:.2f}, {summary['within_0_2']} of {len(errors)} within 0.2; "
+          f"what cluster.mesh: auto runs: median {summary['auto_error_median']:.2f}, max "
+          f"{summary['auto_error_max']:.2f}, {summary['auto_within_0_2']} of {len(chosen)} "
+          f"within 0.2", flush=True)
+    return summary
+
+
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """The grid: rates x rank counts x sizes, ring vs mesh, allgather (and allreduce)."""
     from sparkdl.benchmarks.collectives import _Group
@@ -214,6 +293,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             store.close()
     finally:
         cluster.down()
+    calibration = calibrate(result["cells"], os.cpu_count() or 1)
+    if calibration is not None:
+        result["model"] = check_model(result["cells"], calibration)
     target = [c for c in result["cells"] if c["rate"] == "1gbit" and c["world"] == 16
               and c["collective"] == "allgather" and c["bytes"] == 4 * KB]
     psgd = {c["world"]: c["tx_bytes_per_worker"] for c in result["bytes_vs_ranks"]

@@ -126,6 +126,37 @@ def oversubscription(workers_per_host: int, cores_per_host: int) -> float:
     return max(1.0, workers_per_host / max(1, cores_per_host))
 
 
+def collective_steps(collective: str, algorithm: str, ranks: int, nbytes: float
+                     ) -> list[float]:
+    """Bytes one rank sends in each sequential step of one collective of ``nbytes`` per rank
+    (one rank per host: a step's bytes cross its host link). ``collective``: ``allgather``
+    or ``allreduce``; ``algorithm``: ``ring`` or ``mesh`` (Bruck's allgather, Rabenseifner's
+    halving-doubling allreduce, as :mod:`sparkdl.comm.mesh` runs them)."""
+    n = ranks
+    if n < 2:
+        return []
+    if collective == "allgather":
+        if algorithm == "ring":
+            return [float(nbytes)] * (n - 1)
+        from sparkdl.comm.mesh import distances
+
+        return [min(d, n - d) * float(nbytes) for d in distances(n)]
+    if algorithm == "ring":  # reduce-scatter then allgather of N chunks
+        return [nbytes / n] * (2 * (n - 1))
+    power = 1 << (n.bit_length() - 1)
+    halving = [nbytes / (1 << (k + 1)) for k in range(power.bit_length() - 1)]
+    fold = [float(nbytes)] if n > power else []  # the extra ranks' whole vectors, in and out
+    return fold + halving + halving[::-1] + fold
+
+
+def collective_seconds(steps: Sequence[float], hop_s: float, bytes_per_s: float) -> float:
+    """One collective's time: each sequential step takes the longer of its fixed cost
+    ``hop_s`` (the ranks' CPU work and wake-ups; stretched by :func:`oversubscription` where
+    ranks share cores) and its bytes' time on the link — one step's CPU work overlaps the
+    link's transfer of another, so the busier of the two sets the pace."""
+    return sum(max(hop_s, b / bytes_per_s) for b in steps)
+
+
 @dataclass(frozen=True)
 class Scenario:
     """What the extrapolation assumes (stated in docs/scaling.md)."""

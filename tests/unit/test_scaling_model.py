@@ -9,6 +9,8 @@ from sparkdl.benchmarks.scaling_model import (
     Scenario,
     bruck_steps,
     collective_cost,
+    collective_seconds,
+    collective_steps,
     crossovers,
     num_parameters,
     oversubscription,
@@ -76,3 +78,45 @@ def test_sharing_falls_behind_dense_once_n_exceeds_about_twice_the_compression()
     m = 64 + 4 * 1e-2 * 1e6
     assert crossovers(sc, "sharing_plain", "dense", 1e9, max_ranks=1000) == [
         int(2 * 4e6 / m) + 1]
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5, 8, 12, 16])
+def test_every_collective_algorithm_sends_the_bytes_its_pattern_needs(ranks: int) -> None:
+    m = 4096.0
+    assert sum(collective_steps("allgather", "ring", ranks, m)) == (ranks - 1) * m
+    assert sum(collective_steps("allgather", "mesh", ranks, m)) == (ranks - 1) * m
+    assert len(collective_steps("allgather", "mesh", ranks, m)) == bruck_steps(ranks)
+    assert sum(collective_steps("allreduce", "ring", ranks, m)) == pytest.approx(
+        2 * (ranks - 1) / ranks * m)
+    power = 1 << (ranks.bit_length() - 1)
+    fold = 2 * m if ranks > power else 0.0  # the extra ranks' vectors, in and back out
+    assert sum(collective_steps("allreduce", "mesh", ranks, m)) == pytest.approx(
+        2 * (power - 1) / power * m + fold)
+
+
+def test_a_collective_step_takes_the_longer_of_its_fixed_cost_and_its_bytes() -> None:
+    # 1 KB at 1 MB/s is 1 ms, longer than a 0.1 ms step; 64 B is 0.064 ms, shorter
+    assert collective_seconds([1000.0, 64.0], 1e-4, 1e6) == pytest.approx(1e-3 + 1e-4)
+    assert collective_seconds([], 1e-4, 1e6) == 0.0
+
+
+def test_the_collectives_benchmark_calibrates_on_small_worlds_and_checks_larger_ones() -> None:
+    from sparkdl.benchmarks.mesh import RATES, calibrate, check_model
+
+    hop, goodput = 40e-6, {"100mbit": 12e6, "1gbit": 120e6}
+
+    def cell(rate: str, world: int, kind: str, nbytes: int, slower: float = 1.0) -> dict:
+        times = {impl: collective_seconds(collective_steps(kind, impl, world, nbytes),
+                                          hop * max(1, world / 2), goodput[rate]) * 1e3
+                 for impl in ("ring", "mesh")}
+        return {"rate": rate, "world": world, "collective": kind, "bytes": nbytes,
+                "ring_ms": times["ring"] * slower, "mesh_ms": times["mesh"] * slower}
+
+    cells = [cell(r, w, k, b) for r in RATES for w in (2, 4) for k in ("allgather", "allreduce")
+             for b in (4096, 256 * 1024)]
+    assert calibrate(cells, cores=2) is not None
+    checked = [cell("1gbit", 16, "allgather", 4096), cell("1gbit", 8, "allreduce", 4096, 1.5)]
+    summary = check_model(cells + checked, calibrate(cells, cores=2))
+    assert summary["cells"] == 4 and summary["within_0_2"] == 2
+    assert summary["error_max"] == pytest.approx(1 - 1 / 1.5)  # the cell 1.5x slower
+    assert calibrate([c for c in cells if c["world"] == 2], cores=2) is None  # --quick
