@@ -21,6 +21,7 @@ SUITES = {
     "scaling-model": "sparkdl.benchmarks.scaling_model",
     "overlap": "sparkdl.benchmarks.overlap",
     "iteration": "sparkdl.benchmarks.iteration",
+    "workers": "sparkdl.benchmarks.workers",
 }
 
 
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "1 Gbit/s, 2 to 16 ranks (needs root)")
     parser.add_argument("--ranks", type=int,
                         help="scaling: the 8-rank cells (4 hosts x 2 workers) instead of the "
-                        "2-host grid")
+                        "2-host grid; workers: how many workers (default 8)")
     parser.add_argument("--png", help="scaling-model: write the extrapolation chart here")
     args = parser.parse_args(argv)
     try:
