@@ -7,11 +7,12 @@ Spark, one TensorFlow thread each, loopback TCP) from shards the real ETL pipeli
 (``pipelines/digits.py``; ``pipelines/mnist.py`` on the shipped MNIST-format sample, digits
 upscaled to 28x28), with the same seed, batch and epochs in every mode: dense allreduce,
 threshold sharing on the ring (``cluster.mesh: plain``) and on the log-depth collectives
-(``mesh``), and PowerSGD (rank 4). Printed per fit: the test accuracy and its difference to
-dense in percentage points, the steady step time, the bytes each worker sends per step and
-the load average. On a machine with fewer cores than workers the step times include the
-workers' sharing of the cores (say so beside them); the accuracies do not depend on it (each
-fit is deterministic).
+(``mesh``), and PowerSGD (rank 4), from the first step and after one epoch of dense
+steps (``start_step``, the warm-up PyTorch's ``powerSGD_hook`` recommends). Printed per
+fit: the test accuracy and its difference to dense in percentage points, the steady step
+time, the bytes each worker sends per step and the load average. On a machine with fewer
+cores than workers the step times include the workers' sharing of the cores; the accuracies
+do not depend on it (each fit is deterministic).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from sparkdl.benchmarks.report import print_table
 
-MODES = ("dense", "sharing", "sharing_mesh", "powersgd")
+MODES = ("dense", "sharing", "sharing_mesh", "powersgd", "powersgd_warmup")
 #: model -> (batch per worker, epochs, Adam's learning rate: the default and mnist confs')
 MODELS = {"mlp": (16, 10, 0.002), "lenet": (16, 10, 0.002)}
 
@@ -53,15 +54,16 @@ def _model(name: str, feature_shape: Any, classes: int, learning_rate: float, se
     return model
 
 
-def _master(mode: str, batch: int, workers: int, seed: int) -> Any:
+def _master(mode: str, batch: int, workers: int, seed: int, steps_per_epoch: int) -> Any:
     from sparkdl.compression.powersgd import PowerSGDCompressorConfig
     from sparkdl.training.masters import DenseTrainingMaster, SharedTrainingMaster
 
     if mode == "dense":
         return DenseTrainingMaster(batch, workers, seed=seed)
-    if mode == "powersgd":
-        return SharedTrainingMaster(batch, workers, seed=seed,
-                                    compressor=PowerSGDCompressorConfig(rank=4))
+    if mode.startswith("powersgd"):
+        start = steps_per_epoch if mode == "powersgd_warmup" else 0
+        return SharedTrainingMaster(batch, workers, seed=seed, compressor=PowerSGDCompressorConfig(
+            rank=4, start_step=start))
     return SharedTrainingMaster(batch, workers, seed=seed)
 
 
@@ -75,7 +77,8 @@ def fit_cell(name: str, mode: str, shards: dict[str, Any], workers: int, seed: i
     meta = read_metadata(shards["train"])
     model = _model(name, meta.feature_shape, meta.num_classes, learning_rate, seed)
     load = os.getloadavg()[0]
-    fit = ParallelWrapper(model, _master(mode, batch, workers, seed), timeout_s=600,
+    master = _master(mode, batch, workers, seed, meta.num_rows // (batch * workers))
+    fit = ParallelWrapper(model, master, timeout_s=600,
                           mesh="mesh" if mode == "sharing_mesh" else "plain").fit(
         shards["train"], epochs=epochs, validation_data=shards["test"],
         validation_freq=epochs, verbose=0)
