@@ -67,13 +67,14 @@ def _master(mode: str, batch: int, workers: int, seed: int, steps_per_epoch: int
     return SharedTrainingMaster(batch, workers, seed=seed)
 
 
-def fit_cell(name: str, mode: str, shards: dict[str, Any], workers: int, seed: int
-             ) -> dict[str, Any]:
+def fit_cell(name: str, mode: str, shards: dict[str, Any], workers: int, seed: int,
+             epochs: int | None = None) -> dict[str, Any]:
     """One fit: test accuracy, steady ms per step, bytes per worker per step, load."""
     from sparkdl.data.files import read_metadata
     from sparkdl.parallel import ParallelWrapper
 
-    batch, epochs, learning_rate = MODELS[name]
+    batch, default_epochs, learning_rate = MODELS[name]
+    epochs = epochs or default_epochs
     meta = read_metadata(shards["train"])
     model = _model(name, meta.feature_shape, meta.num_classes, learning_rate, seed)
     load = os.getloadavg()[0]
@@ -97,11 +98,13 @@ def fit_cell(name: str, mode: str, shards: dict[str, Any], workers: int, seed: i
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    """Every model x mode at ``--ranks`` workers (default 8); ``--quick``: the MLP only."""
+    """Every model x mode at ``--ranks`` workers (default 8); ``--quick``: the MLP only, 2
+    epochs (a smoke test: its accuracies are not the comparison)."""
     from sparkdl.session import get_spark
 
     workers = int(options.get("ranks") or 8)
-    models = ("mlp",) if options.get("quick") else tuple(MODELS)
+    quick = bool(options.get("quick"))
+    models = ("mlp",) if quick else tuple(MODELS)
     seed = 1
     cells: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -113,7 +116,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             spark.stop()
         for name in models:
             for mode in MODES:
-                cells.append(fit_cell(name, mode, shards[name], workers, seed))
+                cells.append(fit_cell(name, mode, shards[name], workers, seed,
+                                      epochs=2 if quick else None))
                 print(f"  {name} {mode}: {cells[-1]['test_accuracy']:.4f} "
                       f"({time.monotonic() - started:.0f} s)", flush=True)
     dense = {c["model"]: c["test_accuracy"] for c in cells if c["mode"] == "dense"}

@@ -150,3 +150,23 @@ def test_reader_benchmark_quick_run(tmp_path):
     assert figures["reader_vs_pyarrow"] > 0 and 0 <= figures["data_wait_fraction"] < 1
     assert 0 < figures["shard_reader_peak_row_groups"] < figures["row_groups"]
     assert "ShardReader (batches of 256)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_workers_benchmark_quick_run(tmp_path):
+    """The workers suite fits every exchange on the digits MLP end to end and writes its table
+    (2 workers, 2 epochs: a smoke test, no accuracy comparison)."""
+    out = tmp_path / "workers.json"
+    proc = run([sys.executable, "jobs/benchmark.py", "workers", "--quick", "--ranks", "2",
+                "--json", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    cells = figures["cells"]
+    assert [c["mode"] for c in cells] == ["dense", "sharing", "sharing_mesh", "powersgd",
+                                         "powersgd_warmup"]
+    for cell in cells:
+        assert cell["replicas_identical"] is True and cell["workers"] == 2, cell
+        assert cell["test_accuracy"] > 0.5 and cell["bytes_per_step"] > 0, cell
+    dense = next(c for c in cells if c["mode"] == "dense")
+    assert all(c["bytes_per_step"] < dense["bytes_per_step"] for c in cells if c is not dense)
+    assert "vs dense pp" in proc.stdout
