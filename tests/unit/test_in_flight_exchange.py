@@ -109,3 +109,45 @@ def test_each_job_is_a_span_of_the_worker_thread_with_its_cpu_time():
     assert len({e["tid"] for e in spans}) == 1
     assert summarize(spans)["overlapped exchange"]["count"] == 3
     assert "median_cpu_us" in summarize(spans)["overlapped exchange"]
+
+
+def test_jobs_that_wait_for_nothing_run_inline_and_are_still_taken_by_wait():
+    runner = InFlightExchange(timeout_s=10, inline_below_s=1.0)
+    threads = []
+    for i in range(6):
+        runner.submit(lambda i=i: (i, threading.current_thread()))
+        assert runner.in_flight
+        value, thread = runner.wait()
+        assert value == i and not runner.in_flight
+        threads.append(thread)
+    assert all(t is threading.current_thread() for t in threads)
+    assert runner.inline_jobs == 6
+    runner.close()
+
+
+def test_jobs_that_wait_go_to_the_thread_with_one_inline_probe_in_probe_every():
+    runner = InFlightExchange(timeout_s=10, inline_below_s=0.002, probe_every=4)
+    here = threading.current_thread()
+    inline = []
+    for _ in range(9):
+        runner.submit(lambda: (threading.Event().wait(0.02), threading.current_thread())[1])
+        inline.append(runner.wait() is here)
+    # the first job measures the wait (20 ms, off the CPU), then every fourth is a probe
+    assert inline == [True, False, False, False, True, False, False, False, True]
+    assert runner.inline_jobs == 3
+    runner.close()
+
+
+def test_an_inline_jobs_error_is_raised_by_the_next_wait():
+    runner = InFlightExchange(timeout_s=10, inline_below_s=1.0)
+
+    def fail():
+        raise CommunicationError("peer closed the connection")
+
+    runner.submit(fail)  # runs now, on this thread, but does not raise here
+    assert runner.in_flight
+    with pytest.raises(CommunicationError, match="peer closed"):
+        runner.wait()
+    runner.submit(lambda: 3)
+    assert runner.wait() == 3
+    runner.close()
