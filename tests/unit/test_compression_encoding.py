@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +16,7 @@ from sparkdl.compression.encoding import (
     Encoding,
     bitmap_nbytes,
     decode_into,
+    sparse_entries,
     threshold_encode,
 )
 from sparkdl.errors import CommunicationError, ConfigurationError
@@ -252,3 +256,56 @@ def test_decode_rejects_nonzero_padding_bits() -> None:
     assert out[6] == 1.0
     with pytest.raises(CommunicationError):
         decode_into(Encoding.BITMAP, b"\x00\x40", 7, 1.0, out)  # bits of element 7 of 7
+
+
+def _reference_sparse_entries(
+    codes: list[int], n: int, t: np.float32
+) -> tuple[list[Any], list[Any]]:
+    """sparse_entries, one entry at a time: every range error before any order error."""
+    for c in codes:
+        if c == 0 or abs(c) > n:
+            return ["out of range"], [min(codes), max(codes)]
+    index = [abs(c) - 1 for c in codes]
+    if any(b <= a for a, b in itertools.pairwise(index)):
+        return ["not strictly increasing"], []
+    return index, [-t if c < 0 else t for c in codes]
+
+
+def test_sparse_entries_matches_reference_on_random_payloads() -> None:
+    rng = np.random.default_rng(7)
+    t = np.float32(0.375)
+    special = [0, 1, -1, 2**31 - 1, -(2**31), -(2**31) + 1]
+    for _ in range(3000):
+        n = int(rng.choice([1, 2, 5, 8, 100, 2**31 - 1]))
+        size = int(rng.integers(1, min(n, 12) + 1))
+        index = np.sort(rng.choice(min(n, 1000), size=min(size, min(n, 1000)), replace=False))
+        if n > 1000 and rng.integers(0, 2):
+            index = index + (n - 1000)  # reach the top of the range
+        codes = [int(i) + 1 for i in index]
+        codes = [-c if rng.integers(0, 2) else c for c in codes]
+        for _ in range(int(rng.integers(0, 3))):  # corrupt some entries
+            where = int(rng.integers(0, len(codes)))
+            how = int(rng.integers(0, 4))
+            if how == 0:
+                codes[where] = int(rng.choice(special))
+            elif how == 1:
+                codes[where] = int(rng.integers(-n - 2, n + 3))
+            elif how == 2 and where:
+                codes[where] = codes[where - 1]  # duplicate
+            else:
+                codes[where] = -codes[where]  # sign only: still valid
+        codes = [(c + 2**31) % 2**32 - 2**31 for c in codes]  # as int32
+        payload = np.array(codes, "<i4").tobytes()
+        expected, values = _reference_sparse_entries(codes, n, t)
+        if isinstance(expected[0], str):
+            with pytest.raises(CommunicationError, match=expected[0]) as info:
+                sparse_entries(payload, n, float(t))
+            if values:
+                assert f"(min {values[0]}, max {values[1]}," in str(info.value)
+            continue
+        got_index, got_values = sparse_entries(payload, n, float(t))
+        assert got_index.dtype == np.int32 and got_values.dtype == np.float32
+        assert got_index.tolist() == expected
+        assert got_values.view(np.int32).tolist() == np.array(values, np.float32).view(
+            np.int32
+        ).tolist()
