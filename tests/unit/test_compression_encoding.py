@@ -309,3 +309,73 @@ def test_sparse_entries_matches_reference_on_random_payloads() -> None:
         assert got_values.view(np.int32).tolist() == np.array(values, np.float32).view(
             np.int32
         ).tolist()
+
+
+def _reference_encode(
+    residual: np.ndarray, tau: float, add: np.ndarray | None = None
+) -> tuple[Encoding, int, bytes, np.ndarray]:
+    """threshold_encode over the whole vector at once, without chunks or phases."""
+    r = residual.copy() if add is None else residual + add
+    t = np.float32(tau)
+    n = r.size
+    with np.errstate(over="ignore", invalid="ignore"):
+        candidate = np.abs(r) >= t
+        signed = np.where(np.signbit(r), -t, t).astype(np.float32)
+        updated = r - signed
+        keep = candidate & ((updated + signed) == r)
+    r[keep] = updated[keep]
+    negative = np.signbit(signed)
+    index = np.flatnonzero(keep)
+    if np.count_nonzero(candidate) <= bitmap_nbytes(n) // 4:
+        codes = np.where(negative[index], -(index + 1), index + 1).astype("<i4")
+        return Encoding.SPARSE, index.size, codes.tobytes(), r
+    code = np.zeros(4 * bitmap_nbytes(n), np.uint8)
+    code[index] = np.where(negative[index], 2, 1)
+    quads = code.reshape(-1, 4)
+    packed = quads[:, 0] | quads[:, 1] << 2 | quads[:, 2] << 4 | quads[:, 3] << 6
+    return Encoding.BITMAP, index.size, packed.astype(np.uint8).tobytes(), r
+
+
+def _encode_cases(rng: np.random.Generator) -> list[tuple[np.ndarray, float]]:
+    c = CHUNK_ELEMENTS
+    t = 2e-3
+    cases: list[tuple[np.ndarray, float]] = []
+    for n in [0, 1, 3, 4, 5, 7, 8, 9, 17, 1000, c - 1, c, c + 3, 2 * c + 5, 3 * c + 13]:
+        r = rng.normal(0, 1e-3, n).astype(np.float32)
+        cases.append((r, t))
+        cases.append((r, 1e-30))  # all encoded (bitmap), zeros aside
+        z = r.copy()
+        z[rng.random(n) < 0.3] = -0.0
+        z[rng.random(n) < 0.01] = np.nan
+        cases.append((z, t))
+        ties = r.copy()
+        ties[rng.random(n) < 0.05] = np.float32(t) * rng.choice(np.float32([-1, 1, 2, -3]))
+        cases.append((ties, t))
+        huge = r.copy()
+        huge[rng.random(n) < 0.002] = np.float32(3e33)
+        huge[rng.random(n) < 0.002] = -np.float32(np.inf)
+        cases.append((huge, t))
+        # exact rounding ties: s - t exactly half-way between two float32 values
+        tie = np.full(n, np.float32(2.0**24 + 2), np.float32)
+        cases.append((tie, 1.0))
+        tie[rng.random(n) < 0.95] = 0.0
+        cases.append((tie, 1.0))
+    for dense_at in [0, c // 3, c + 7, 2 * c - 1]:  # sparse -> bitmap inside a chunk
+        n = 3 * c + 11
+        r = rng.normal(0, 7e-4, n).astype(np.float32)  # a few candidates before the switch
+        r[dense_at : dense_at + n // 10] = rng.normal(0, 1e-2, min(n // 10, n - dense_at))
+        cases.append((r, t))
+    return cases
+
+
+def test_encode_matches_whole_vector_reference_bit_for_bit() -> None:
+    rng = np.random.default_rng(5)
+    for r, tau in _encode_cases(rng):
+        for add in (None, rng.normal(0, 1e-3, r.size).astype(np.float32)):
+            kind, nnz, payload, expected = _reference_encode(r, tau, add)
+            got = r.copy()
+            encoded = threshold_encode(got, tau, add=add)
+            assert (encoded.encoding, encoded.nnz) == (kind, nnz)
+            assert encoded.tau == float(np.float32(tau))
+            assert encoded.payload == payload
+            assert got.tobytes() == expected.tobytes()
