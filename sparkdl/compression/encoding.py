@@ -208,10 +208,11 @@ def threshold_encode(
             if add is not None:
                 np.add(chunk, add[start:stop], out=chunk)
             a = np.abs(chunk, out=abs_buf[:length])
-            local = np.flatnonzero(np.greater_equal(a, t, out=mask_buf[:length]))
-            if local.size == 0:
-                continue
+            m = np.greater_equal(a, t, out=mask_buf[:length])
             if bitmap is None:
+                local = np.flatnonzero(m)
+                if local.size == 0:
+                    continue
                 candidates += local.size
                 if candidates <= max_sparse:
                     if start:
@@ -227,7 +228,8 @@ def threshold_encode(
                     found.clear()
                     nnz += index.size
                     _pack_sparse(bitmap, index, negative)
-            m = mask_buf[:length]
+            elif not m.any():  # the bitmap phase needs no indices
+                continue
             nnz += _encode_dense(
                 chunk, m, t, code_buf, bitmap[start // 4 : start // 4 + bitmap_nbytes(length)]
             )
