@@ -210,7 +210,7 @@ def threshold_encode(
             a = np.abs(chunk, out=abs_buf[:length])
             m = np.greater_equal(a, t, out=mask_buf[:length])
             if bitmap is None:
-                local = np.flatnonzero(m)
+                local = m.nonzero()[0]
                 if local.size == 0:
                     continue
                 candidates += local.size
