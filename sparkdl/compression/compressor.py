@@ -354,11 +354,7 @@ class ThresholdCompressor(Compressor):
             if not index.size:  # 0 + v == v exactly
                 index, total = entries.astype(np.int64), values
                 continue
-            union = np.union1d(index, entries)
-            summed = np.zeros(union.size, np.float32)
-            summed[np.searchsorted(union, index)] = total
-            summed[np.searchsorted(union, entries)] += values
-            index, total = union, summed
+            index, total = _merge_sum(index, total, entries, values)
         return index, total
 
     def _unpacked(
@@ -387,6 +383,29 @@ class ThresholdCompressor(Compressor):
             decode_into(header.encoding, payload, self.num_elements, header.tau, out)
         except CommunicationError as exc:
             raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
+
+
+def _merge_sum(
+    index: np.ndarray, total: np.ndarray, entries: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The union of two ascending unique index lists (int64) and, at each union index,
+    ``total`` where ``index`` has it, plus ``values`` where ``entries`` has it (in that order,
+    from zero). One stable sort of both lists gives every entry's position in the union
+    (``np.union1d`` and ``np.searchsorted`` give the same, several times slower)."""
+    both = np.concatenate((index, entries)).astype(np.int64, copy=False)
+    order = np.argsort(both, kind="stable")  # on ties, index's entry first
+    ordered = both[order]
+    first = np.empty(ordered.size, np.bool_)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    group = np.cumsum(first, dtype=np.intp)
+    group -= 1
+    position = np.empty(both.size, np.intp)
+    position[order] = group
+    summed = np.zeros(int(group[-1]) + 1, np.float32)
+    summed[position[: index.size]] = total
+    summed[position[index.size :]] += values
+    return ordered[first], summed
 
 
 class CompressorConfig(abc.ABC):

@@ -263,3 +263,32 @@ def test_pieces_encode_exactly_like_the_flat_update(threshold) -> None:  # type:
         assert got[0] == expected[0] and got[1].tau == expected[1].tau
         assert np.array_equal(piece_comp.residual.view(np.int32),
                               flat_comp.residual.view(np.int32))
+
+
+def test_merge_sum_matches_union_and_searchsorted_bit_for_bit() -> None:
+    from sparkdl.compression.compressor import _merge_sum
+
+    rng = np.random.default_rng(12)
+    t = np.float32(0.375)
+    for case in range(300):
+        n = int(rng.choice([1, 2, 9, 1000, 1 << 20]))
+        a = np.sort(rng.choice(n, int(rng.integers(1, min(n, 3000) + 1)), replace=False))
+        kind = case % 4
+        if kind == 0:  # identical index lists
+            b = a.copy()
+        elif kind == 1:  # empty
+            b = np.zeros(0, np.int64)
+        else:
+            b = np.sort(rng.choice(n, int(rng.integers(0, min(n, 3000) + 1)), replace=False))
+        index = a.astype(np.int64)
+        entries = b.astype(np.int32)
+        total = (rng.integers(-2, 3, index.size) * t).astype(np.float32)  # sums incl. 0.0
+        total[rng.random(index.size) < 0.05] = -0.0
+        values = np.where(rng.random(entries.size) < 0.5, -t, t).astype(np.float32)
+        union = np.union1d(index, entries)
+        expected = np.zeros(union.size, np.float32)
+        expected[np.searchsorted(union, index)] = total
+        expected[np.searchsorted(union, entries)] += values
+        got_index, got_total = _merge_sum(index, total, entries, values)
+        assert got_index.dtype == union.dtype and got_index.tobytes() == union.tobytes()
+        assert got_total.dtype == np.float32 and got_total.tobytes() == expected.tobytes()
