@@ -265,30 +265,37 @@ def test_pieces_encode_exactly_like_the_flat_update(threshold) -> None:  # type:
                               flat_comp.residual.view(np.int32))
 
 
-def test_merge_sum_matches_union_and_searchsorted_bit_for_bit() -> None:
-    from sparkdl.compression.compressor import _merge_sum
+def test_merge_sums_matches_pairwise_union_and_searchsorted_bit_for_bit() -> None:
+    from sparkdl.compression.compressor import _merge_sums
 
     rng = np.random.default_rng(12)
     t = np.float32(0.375)
     for case in range(300):
         n = int(rng.choice([1, 2, 9, 1000, 1 << 20]))
-        a = np.sort(rng.choice(n, int(rng.integers(1, min(n, 3000) + 1)), replace=False))
-        kind = case % 4
-        if kind == 0:  # identical index lists
-            b = a.copy()
-        elif kind == 1:  # empty
-            b = np.zeros(0, np.int64)
-        else:
-            b = np.sort(rng.choice(n, int(rng.integers(0, min(n, 3000) + 1)), replace=False))
-        index = a.astype(np.int64)
-        entries = b.astype(np.int32)
-        total = (rng.integers(-2, 3, index.size) * t).astype(np.float32)  # sums incl. 0.0
-        total[rng.random(index.size) < 0.05] = -0.0
-        values = np.where(rng.random(entries.size) < 0.5, -t, t).astype(np.float32)
-        union = np.union1d(index, entries)
-        expected = np.zeros(union.size, np.float32)
-        expected[np.searchsorted(union, index)] = total
-        expected[np.searchsorted(union, entries)] += values
-        got_index, got_total = _merge_sum(index, total, entries, values)
-        assert got_index.dtype == union.dtype and got_index.tobytes() == union.tobytes()
+        lists = []
+        for rank in range(int(rng.integers(2, 9))):
+            kind = (case + rank) % 4
+            if kind == 0 and lists:  # the same index list as the previous rank
+                index = lists[-1][0].copy()
+            elif kind == 1:  # empty
+                index = np.zeros(0, np.int64)
+            else:
+                size = int(rng.integers(0, min(n, 3000) + 1))
+                index = np.sort(rng.choice(n, size, replace=False))
+            signed = np.where(rng.random(index.size) < 0.5, -t, t).astype(np.float32)
+            signed *= np.float32(rng.choice([1, 2.0**-20, 3.0]))  # sums that round
+            lists.append((index.astype(np.int32), signed))
+        lists = [x for x in lists if x[0].size] or [(np.arange(1, dtype=np.int32), t[None])]
+        # reference: the lists merged one at a time (the previous implementation)
+        union, expected = lists[0][0].astype(np.int64), lists[0][1]
+        for entries, signed in lists[1:]:
+            merged = np.union1d(union, entries)
+            summed = np.zeros(merged.size, np.float32)
+            summed[np.searchsorted(merged, union)] = expected
+            summed[np.searchsorted(merged, entries)] += signed
+            union, expected = merged, summed
+        if len(lists) == 1:
+            continue
+        got_index, got_total = _merge_sums([x[0] for x in lists], [x[1] for x in lists])
+        assert got_index.dtype == np.int64 and got_index.tobytes() == union.tobytes()
         assert got_total.dtype == np.float32 and got_total.tobytes() == expected.tobytes()
