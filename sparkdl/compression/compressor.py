@@ -344,22 +344,21 @@ class ThresholdCompressor(Compressor):
         unpacked = list(self._unpacked(frames, step))
         if any(header.encoding is not Encoding.SPARSE for _, header, _ in unpacked):
             return None
-        index: np.ndarray = np.zeros(0, np.int64)
-        total = np.zeros(0, np.float32)
+        indices: list[np.ndarray] = []
+        values: list[np.ndarray] = []
         for position, header, payload in unpacked:
             try:
-                entries, values = sparse_entries(payload, self.num_elements, header.tau)
+                entries, signed = sparse_entries(payload, self.num_elements, header.tau)
             except CommunicationError as exc:
                 raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
-            if not index.size:  # 0 + v == v exactly
-                index, total = entries.astype(np.int64), values
-                continue
-            union = np.union1d(index, entries)
-            summed = np.zeros(union.size, np.float32)
-            summed[np.searchsorted(union, index)] = total
-            summed[np.searchsorted(union, entries)] += values
-            index, total = union, summed
-        return index, total
+            if entries.size:
+                indices.append(entries)
+                values.append(signed)
+        if len(indices) <= 1:  # 0 + v == v exactly
+            if not indices:
+                return np.zeros(0, np.int64), np.zeros(0, np.float32)
+            return indices[0].astype(np.int64), values[0]
+        return _merge_sums(indices, values)
 
     def _unpacked(
         self, frames: Sequence[bytes | memoryview], step: int
@@ -387,6 +386,48 @@ class ThresholdCompressor(Compressor):
             decode_into(header.encoding, payload, self.num_elements, header.tau, out)
         except CommunicationError as exc:
             raise CommunicationError(f"bad frame from rank {position}: {exc}") from None
+
+
+def _merge_sums(
+    indices: Sequence[np.ndarray], values: Sequence[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The union (int64, ascending) of several ascending unique index lists, and at each
+    union index the float32 sum, from zero in list order, of the lists' values there. The
+    values of one list are ``+t`` or ``-t`` for one ``t > 0`` (as from :func:`sparse_entries`).
+
+    Each entry becomes one int64 key ``index, list, sign`` (high to low bits); one sort of
+    all keys groups them by index, each group in list order, and the key gives back the
+    value. The groups are summed left to right, one vectorised addition per rank within a
+    group: the same additions, in the same order, as merging the lists one at a time."""
+    lists = len(indices)
+    bits = (2 * lists - 1).bit_length()  # (list << 1) | sign
+    table = np.empty(1 << bits, np.float32)
+    ordered = np.empty(sum(index.size for index in indices), np.int64)
+    start = 0
+    for position, (index, value) in enumerate(zip(indices, values)):
+        key = ordered[start : start + index.size]
+        start += index.size
+        np.left_shift(index, bits, out=key, dtype=np.int64)
+        key |= position << 1
+        key |= np.signbit(value)
+        t = np.abs(value[0])
+        table[2 * position], table[2 * position + 1] = t, -t
+    # keys are unique: any sort gives one order; timsort merges two ascending runs fastest
+    ordered.sort(kind="stable" if lists <= 2 else None)
+    summands = table[ordered & ((1 << bits) - 1)]
+    ordered >>= bits
+    first = np.empty(ordered.size, np.bool_)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    total = summands[starts]  # 0 + v == v exactly
+    sizes = np.empty_like(starts)
+    np.subtract(starts[1:], starts[:-1], out=sizes[:-1])
+    sizes[-1] = ordered.size - starts[-1]
+    for rank in range(1, int(sizes.max())):
+        more = np.flatnonzero(sizes > rank)
+        total[more] += summands[starts[more] + rank]
+    return ordered[first], total
 
 
 class CompressorConfig(abc.ABC):

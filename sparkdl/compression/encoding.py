@@ -208,10 +208,11 @@ def threshold_encode(
             if add is not None:
                 np.add(chunk, add[start:stop], out=chunk)
             a = np.abs(chunk, out=abs_buf[:length])
-            local = np.flatnonzero(np.greater_equal(a, t, out=mask_buf[:length]))
-            if local.size == 0:
-                continue
+            m = np.greater_equal(a, t, out=mask_buf[:length])
             if bitmap is None:
+                local = m.nonzero()[0]
+                if local.size == 0:
+                    continue
                 candidates += local.size
                 if candidates <= max_sparse:
                     if start:
@@ -227,7 +228,8 @@ def threshold_encode(
                     found.clear()
                     nnz += index.size
                     _pack_sparse(bitmap, index, negative)
-            m = mask_buf[:length]
+            elif not m.any():  # the bitmap phase needs no indices
+                continue
             nnz += _encode_dense(
                 chunk, m, t, code_buf, bitmap[start // 4 : start // 4 + bitmap_nbytes(length)]
             )
@@ -285,15 +287,22 @@ def sparse_entries(
     if nbytes == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.float32)
     codes = np.frombuffer(data, dtype="<i4")
-    low, high = int(codes.min()), int(codes.max())
-    if low < -n or high > n or np.count_nonzero(codes) != codes.size:
-        raise CommunicationError(
-            f"sparse entry out of range (min {low}, max {high}, expected 1..{n} by magnitude,"
-            " never 0)"
-        )
-    index = np.abs(codes)
+    index = np.abs(codes)  # wraps for -2**31, then index - 1 == 2**31 - 1 >= n
     index -= 1
-    if index.size > 1 and not bool(np.all(index[1:] > index[:-1])):
+    # Valid iff strictly increasing from index[0] >= 0 to index[-1] < n (a 0 entry becomes
+    # -1, which breaks one or the other); only a bad payload is examined further, for the
+    # error message.
+    if not (
+        index[0] >= 0
+        and index[-1] < n
+        and (index.size == 1 or bool(np.all(index[1:] > index[:-1])))
+    ):
+        low, high = int(codes.min()), int(codes.max())
+        if low < -n or high > n or np.count_nonzero(codes) != codes.size:
+            raise CommunicationError(
+                f"sparse entry out of range (min {low}, max {high}, expected 1..{n} by"
+                " magnitude, never 0)"
+            )
         raise CommunicationError("sparse indices are not strictly increasing")
     # +t or -t from the sign bit of each entry
     return index, _signed_tau(codes.view(np.float32), t).view(np.float32)

@@ -245,6 +245,31 @@ class AdaptiveThreshold(ThresholdAlgorithm):
         }
 
 
+def _largest(sample: np.ndarray, passing: int) -> np.float32:
+    """``np.partition(sample, kth)[kth]`` with ``kth = sample.size - passing`` (the
+    ``passing``-th largest, NaN counting as largest), found in a small subset when it can be.
+
+    A bound from a 1-in-16 subsample, about where ``2 * passing`` of ``sample`` lie above,
+    keeps the elements that are not below it (every NaN too): they are the top of the sorted
+    order, so when there are at least ``passing`` of them the wanted element is among them,
+    at the same rank from the top. Otherwise the whole sample is partitioned."""
+    size = sample.size
+    kth = size - passing
+    if size >= _SUBSET_MIN and 128 * passing <= size:  # else no faster
+        sub = sample[::16].copy()
+        top = sub.size - (2 * passing + 15) // 16 - 1
+        bound = np.partition(sub, top)[top]
+        kept = sample[np.logical_not(np.less(sample, bound))]
+        if kept.size >= passing:
+            kth = kept.size - passing
+            return np.partition(kept, kth)[kth]  # type: ignore[no-any-return]
+    return np.partition(sample, kth)[kth]  # type: ignore[no-any-return]
+
+
+#: Smallest sample that :func:`_largest` narrows down first.
+_SUBSET_MIN = 1 << 14
+
+
 class TargetSparsityThreshold(ThresholdAlgorithm):
     """Pick tau so that about ``sparsity * n`` elements of the residual pass.
 
@@ -280,8 +305,7 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
             return self.tau
         offset, stride, passing = self.sample_plan(n, step)
         sample = np.abs(residual[offset::stride])
-        kth = sample.size - passing
-        return self.accept_quantile(float(np.partition(sample, kth)[kth]))
+        return self.accept_quantile(float(_largest(sample, passing)))
 
     def sample_plan(self, n: int, step: int) -> tuple[int, int, int]:
         """``(offset, stride, passing)``: the strided sample of an ``n``-element residual that

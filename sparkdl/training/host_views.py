@@ -70,14 +70,31 @@ def shared_tensor(array: np.ndarray) -> tf.Tensor:
 
 
 class HostViews:
-    """Adds sparse sums to ``variables`` (float32, on the host) in place."""
+    """Adds sparse sums to ``variables`` (float32, on the host) in place.
+
+    The writable view of each variable's buffer is kept and reused while the read handed to
+    :meth:`scatter_add` still has its data at the same address (a new buffer, e.g. after an
+    ``assign`` that reallocates, gets a new view)."""
 
     def __init__(self, variables: Sequence[Any]) -> None:
         self.variables = list(variables)
+        self._views: list[tuple[int, np.ndarray] | None] = [None] * len(self.variables)
+        self._offsets: tuple[tuple[int, ...], np.ndarray] | None = None
 
     def reads(self) -> list[tf.Tensor]:
         """One aliasing read per variable (eager, or inside a graph: then return them)."""
         return [read_no_copy(v) for v in self.variables]
+
+    def _view(self, i: int, read: tf.Tensor) -> np.ndarray:
+        """The writable view of variable ``i``'s buffer, which ``read`` aliases."""
+        array = np.asarray(read)
+        address = array.ctypes.data
+        cached = self._views[i]
+        if cached is not None and cached[0] == address and cached[1].size == array.size:
+            return cached[1]
+        view = writable(array)
+        self._views[i] = (address, view)
+        return view
 
     def scatter_add(
         self,
@@ -91,9 +108,15 @@ class HostViews:
         since the last TensorFlow write to the variables (else read now)."""
         if reads is None:
             reads = self.reads()
-        bounds = np.searchsorted(index, offsets)
+        key = tuple(offsets)
+        if self._offsets is None or self._offsets[0] != key:
+            self._offsets = (key, np.asarray(key, np.int64))
+        bounds = np.searchsorted(index, self._offsets[1]).tolist()
         for i, read in enumerate(reads):  # the reads keep the buffers alive while we write
             start, stop = bounds[i], bounds[i + 1]
             if stop > start:
-                view = writable(np.asarray(read))
-                view[index[start:stop] - offsets[i]] += values[start:stop]
+                view = self._view(i, read)
+                local = index[start:stop]
+                if key[i]:
+                    local = local - key[i]
+                view[local] += values[start:stop]

@@ -263,3 +263,39 @@ def test_pieces_encode_exactly_like_the_flat_update(threshold) -> None:  # type:
         assert got[0] == expected[0] and got[1].tau == expected[1].tau
         assert np.array_equal(piece_comp.residual.view(np.int32),
                               flat_comp.residual.view(np.int32))
+
+
+def test_merge_sums_matches_pairwise_union_and_searchsorted_bit_for_bit() -> None:
+    from sparkdl.compression.compressor import _merge_sums
+
+    rng = np.random.default_rng(12)
+    t = np.float32(0.375)
+    for case in range(300):
+        n = int(rng.choice([1, 2, 9, 1000, 1 << 20]))
+        lists = []
+        for rank in range(int(rng.integers(2, 9))):
+            kind = (case + rank) % 4
+            if kind == 0 and lists:  # the same index list as the previous rank
+                index = lists[-1][0].copy()
+            elif kind == 1:  # empty
+                index = np.zeros(0, np.int64)
+            else:
+                size = int(rng.integers(0, min(n, 3000) + 1))
+                index = np.sort(rng.choice(n, size, replace=False))
+            signed = np.where(rng.random(index.size) < 0.5, -t, t).astype(np.float32)
+            signed *= np.float32(rng.choice([1, 2.0**-20, 3.0]))  # sums that round
+            lists.append((index.astype(np.int32), signed))
+        lists = [x for x in lists if x[0].size] or [(np.arange(1, dtype=np.int32), t[None])]
+        # reference: the lists merged one at a time (the previous implementation)
+        union, expected = lists[0][0].astype(np.int64), lists[0][1]
+        for entries, signed in lists[1:]:
+            merged = np.union1d(union, entries)
+            summed = np.zeros(merged.size, np.float32)
+            summed[np.searchsorted(merged, union)] = expected
+            summed[np.searchsorted(merged, entries)] += signed
+            union, expected = merged, summed
+        if len(lists) == 1:
+            continue
+        got_index, got_total = _merge_sums([x[0] for x in lists], [x[1] for x in lists])
+        assert got_index.dtype == np.int64 and got_index.tobytes() == union.tobytes()
+        assert got_total.dtype == np.float32 and got_total.tobytes() == expected.tobytes()

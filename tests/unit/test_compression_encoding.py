@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +16,7 @@ from sparkdl.compression.encoding import (
     Encoding,
     bitmap_nbytes,
     decode_into,
+    sparse_entries,
     threshold_encode,
 )
 from sparkdl.errors import CommunicationError, ConfigurationError
@@ -252,3 +256,126 @@ def test_decode_rejects_nonzero_padding_bits() -> None:
     assert out[6] == 1.0
     with pytest.raises(CommunicationError):
         decode_into(Encoding.BITMAP, b"\x00\x40", 7, 1.0, out)  # bits of element 7 of 7
+
+
+def _reference_sparse_entries(
+    codes: list[int], n: int, t: np.float32
+) -> tuple[list[Any], list[Any]]:
+    """sparse_entries, one entry at a time: every range error before any order error."""
+    for c in codes:
+        if c == 0 or abs(c) > n:
+            return ["out of range"], [min(codes), max(codes)]
+    index = [abs(c) - 1 for c in codes]
+    if any(b <= a for a, b in itertools.pairwise(index)):
+        return ["not strictly increasing"], []
+    return index, [-t if c < 0 else t for c in codes]
+
+
+def test_sparse_entries_matches_reference_on_random_payloads() -> None:
+    rng = np.random.default_rng(7)
+    t = np.float32(0.375)
+    special = [0, 1, -1, 2**31 - 1, -(2**31), -(2**31) + 1]
+    for _ in range(3000):
+        n = int(rng.choice([1, 2, 5, 8, 100, 2**31 - 1]))
+        size = int(rng.integers(1, min(n, 12) + 1))
+        index = np.sort(rng.choice(min(n, 1000), size=min(size, min(n, 1000)), replace=False))
+        if n > 1000 and rng.integers(0, 2):
+            index = index + (n - 1000)  # reach the top of the range
+        codes = [int(i) + 1 for i in index]
+        codes = [-c if rng.integers(0, 2) else c for c in codes]
+        for _ in range(int(rng.integers(0, 3))):  # corrupt some entries
+            where = int(rng.integers(0, len(codes)))
+            how = int(rng.integers(0, 4))
+            if how == 0:
+                codes[where] = int(rng.choice(special))
+            elif how == 1:
+                codes[where] = int(rng.integers(-n - 2, n + 3))
+            elif how == 2 and where:
+                codes[where] = codes[where - 1]  # duplicate
+            else:
+                codes[where] = -codes[where]  # sign only: still valid
+        codes = [(c + 2**31) % 2**32 - 2**31 for c in codes]  # as int32
+        payload = np.array(codes, "<i4").tobytes()
+        expected, values = _reference_sparse_entries(codes, n, t)
+        if isinstance(expected[0], str):
+            with pytest.raises(CommunicationError, match=expected[0]) as info:
+                sparse_entries(payload, n, float(t))
+            if values:
+                assert f"(min {values[0]}, max {values[1]}," in str(info.value)
+            continue
+        got_index, got_values = sparse_entries(payload, n, float(t))
+        assert got_index.dtype == np.int32 and got_values.dtype == np.float32
+        assert got_index.tolist() == expected
+        assert got_values.view(np.int32).tolist() == np.array(values, np.float32).view(
+            np.int32
+        ).tolist()
+
+
+def _reference_encode(
+    residual: np.ndarray, tau: float, add: np.ndarray | None = None
+) -> tuple[Encoding, int, bytes, np.ndarray]:
+    """threshold_encode over the whole vector at once, without chunks or phases."""
+    r = residual.copy() if add is None else residual + add
+    t = np.float32(tau)
+    n = r.size
+    with np.errstate(over="ignore", invalid="ignore"):
+        candidate = np.abs(r) >= t
+        signed = np.where(np.signbit(r), -t, t).astype(np.float32)
+        updated = r - signed
+        keep = candidate & ((updated + signed) == r)
+    r[keep] = updated[keep]
+    negative = np.signbit(signed)
+    index = np.flatnonzero(keep)
+    if np.count_nonzero(candidate) <= bitmap_nbytes(n) // 4:
+        codes = np.where(negative[index], -(index + 1), index + 1).astype("<i4")
+        return Encoding.SPARSE, index.size, codes.tobytes(), r
+    code = np.zeros(4 * bitmap_nbytes(n), np.uint8)
+    code[index] = np.where(negative[index], 2, 1)
+    quads = code.reshape(-1, 4)
+    packed = quads[:, 0] | quads[:, 1] << 2 | quads[:, 2] << 4 | quads[:, 3] << 6
+    return Encoding.BITMAP, index.size, packed.astype(np.uint8).tobytes(), r
+
+
+def _encode_cases(rng: np.random.Generator) -> list[tuple[np.ndarray, float]]:
+    c = CHUNK_ELEMENTS
+    t = 2e-3
+    cases: list[tuple[np.ndarray, float]] = []
+    for n in [0, 1, 3, 4, 5, 7, 8, 9, 17, 1000, c - 1, c, c + 3, 2 * c + 5, 3 * c + 13]:
+        r = rng.normal(0, 1e-3, n).astype(np.float32)
+        cases.append((r, t))
+        cases.append((r, 1e-30))  # all encoded (bitmap), zeros aside
+        z = r.copy()
+        z[rng.random(n) < 0.3] = -0.0
+        z[rng.random(n) < 0.01] = np.nan
+        cases.append((z, t))
+        ties = r.copy()
+        ties[rng.random(n) < 0.05] = np.float32(t) * rng.choice(np.float32([-1, 1, 2, -3]))
+        cases.append((ties, t))
+        huge = r.copy()
+        huge[rng.random(n) < 0.002] = np.float32(3e33)
+        huge[rng.random(n) < 0.002] = -np.float32(np.inf)
+        cases.append((huge, t))
+        # exact rounding ties: s - t exactly half-way between two float32 values
+        tie = np.full(n, np.float32(2.0**24 + 2), np.float32)
+        cases.append((tie, 1.0))
+        tie[rng.random(n) < 0.95] = 0.0
+        cases.append((tie, 1.0))
+    for dense_at in [0, c // 3, c + 7, 2 * c - 1]:  # sparse -> bitmap inside a chunk
+        n = 3 * c + 11
+        r = rng.normal(0, 7e-4, n).astype(np.float32)  # a few candidates before the switch
+        r[dense_at : dense_at + n // 10] = rng.normal(0, 1e-2, min(n // 10, n - dense_at))
+        cases.append((r, t))
+    return cases
+
+
+def test_encode_matches_whole_vector_reference_bit_for_bit() -> None:
+    rng = np.random.default_rng(5)
+    for r, tau in _encode_cases(rng):
+        for add in (None, rng.normal(0, 1e-3, r.size).astype(np.float32)):
+            kind, nnz, payload, expected = _reference_encode(r, tau, add)
+            got = r.copy()
+            encoded = threshold_encode(got, tau, add=add)
+            assert (encoded.encoding, encoded.nnz) == (kind, nnz)
+            assert encoded.tau == float(np.float32(tau))
+            assert encoded.payload == payload
+            assert got.tobytes() == expected.tobytes()

@@ -81,6 +81,46 @@ def test_target_sparsity_small_and_zero_vectors() -> None:
     assert np.count_nonzero(np.arange(1, 11) >= tau) == 5
 
 
+def test_sample_quantile_is_the_full_partition_bit_for_bit() -> None:
+    """The narrowed-down quantile equals ``np.partition`` on the whole sample in every case."""
+    from sparkdl.compression.threshold import _largest
+
+    rng = np.random.default_rng(11)
+    for case in range(400):
+        size = int(rng.choice([1, 100, (1 << 14) - 1, 1 << 14, 70_001, 200_000]))
+        kind = case % 9
+        if kind == 0:
+            sample = rng.normal(0, 1e-3, size)
+        elif kind == 1:  # many ties, zeros
+            sample = rng.integers(0, 4, size) * 0.5
+        elif kind == 2:  # all equal
+            sample = np.full(size, 0.125)
+        elif kind == 3:  # mostly zero
+            sample = np.where(rng.random(size) < 0.999, 0.0, rng.random(size))
+        elif kind == 4:  # NaNs (sorted as largest by np.partition)
+            sample = rng.random(size)
+            sample[rng.integers(0, size, int(rng.integers(1, 200)))] = np.nan
+        elif kind == 5:  # heavy tail: the top is far above the subsample's bound
+            sample = rng.standard_cauchy(size)
+        elif kind == 6:  # a few huge values
+            sample = rng.random(size)
+            sample[rng.integers(0, size, 50)] = 1e30
+        elif kind == 7:  # ties exactly at the top
+            sample = np.where(rng.random(size) < 0.01, 2.0, rng.random(size))
+        else:  # the subsample holds only the largest: too few kept, the full partition
+            sample = rng.random(size)
+            sample[::16] += 10.0
+        sample = np.abs(sample.astype(np.float32))
+        for passing in {1, 2, 7, size // 1000, size // 128, size // 2, size}:
+            if not 1 <= passing <= size:
+                continue
+            kth = size - passing
+            expected = np.partition(sample.copy(), kth)[kth]
+            got = _largest(sample.copy(), passing)
+            assert got.dtype == np.float32
+            assert got.tobytes() == expected.tobytes(), (case, size, passing)
+
+
 def test_shake_up_schedule() -> None:
     assert [s for s in range(13) if ShakeUp(frequency=4).due(s)] == [4, 8, 12]
     assert not any(ShakeUp().due(s) for s in range(100))
