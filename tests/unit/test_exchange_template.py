@@ -110,14 +110,7 @@ def test_an_exchange_written_as_one_method_trains_identical_replicas(overlap: bo
         assert all("exchange_s" in r.extra for r in r0[1:]) and "exchange_s" not in r0[0].extra
 
 
-@pytest.mark.parametrize("inline", [False, True], ids=["thread", "inline"])
-def test_with_overlap_only_the_collective_leaves_the_main_thread(inline, monkeypatch) -> None:
-    """On the thread: only ``communicate`` runs there. Inline (a collective with nothing to
-    hide): every hook runs on the rank's thread, in the same order."""
-    import sparkdl.training.exchange as exchange_module
-
-    monkeypatch.setattr(exchange_module, "INLINE_BELOW_S", 10.0 if inline else 0.0)
-
+def test_with_overlap_only_the_collective_leaves_the_main_thread() -> None:
     def fn(rank, comm, model):  # type: ignore[no-untyped-def]
         exchange = Recording(model, comm, overlap=True)
         for s in range(3):
@@ -128,9 +121,9 @@ def test_with_overlap_only_the_collective_leaves_the_main_thread(inline, monkeyp
     calls, = _on_ranks(1, fn)
     threads = {hook: {name for hook_, name in calls if hook_ == hook}
                for hook in ("compute_update", "encode", "communicate", "decode", "apply")}
+    assert threads["communicate"] == {"sparkdl-overlap"}
     rank_thread = threads["compute_update"]  # the thread the rank runs on
     assert len(rank_thread) == 1 and "sparkdl-overlap" not in rank_thread
-    assert threads["communicate"] == (rank_thread if inline else {"sparkdl-overlap"})
     for hook in ("encode", "decode", "apply"):
         assert threads[hook] == rank_thread
     assert [h for h, _ in calls].count("communicate") == 3
