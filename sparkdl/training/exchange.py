@@ -16,7 +16,7 @@ from sparkdl.training import timeline
 from sparkdl.training.host_views import shared_tensor
 from sparkdl.training.loss_scale import LossScale, inner_optimizer, scale, scaled_gradients
 from sparkdl.training.metrics import CompiledMetrics
-from sparkdl.training.overlap import INLINE_BELOW_S, InFlightExchange, overlap_timeout
+from sparkdl.training.overlap import InFlightExchange, overlap_timeout
 from sparkdl.training.variables import FlatVariables
 from sparkdl.training.weights import split_target
 
@@ -49,9 +49,7 @@ class UpdateExchange(abc.ABC):
     (:class:`~sparkdl.training.overlap.InFlightExchange`): step t computes its update while
     step t-1's message travels, then decodes and applies step t-1's result and sends its own
     message. Encoding and decoding stay on the main thread, so the background thread holds no
-    core the gradient needs (one worker per core is the common case); a collective that has
-    nothing to wait for (under :data:`~sparkdl.training.overlap.INLINE_BELOW_S`) runs inline,
-    its result still applied one step later, so the bits do not depend on it. :meth:`drain` applies
+    core the gradient needs (one worker per core is the common case). :meth:`drain` applies
     the exchange in flight; :meth:`finish`, :meth:`end_epoch` and :meth:`get_state` call it.
 
     A new exchange is one method: :meth:`communicate` (the defaults of the other hooks share
@@ -91,10 +89,7 @@ class UpdateExchange(abc.ABC):
         self.non_trainable = FlatVariables(model.non_trainable_variables)
         self.metrics = CompiledMetrics(model)
         self.overlap = bool(overlap)
-        self._in_flight = (
-            InFlightExchange(overlap_timeout(comm), inline_below_s=INLINE_BELOW_S)
-            if self.overlap else None
-        )
+        self._in_flight = InFlightExchange(overlap_timeout(comm)) if self.overlap else None
         self._evaluate_fn: Any = None
         self._gradients_fn: Any = None
         self._apply_gradients_fn: Any = None

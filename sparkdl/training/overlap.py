@@ -12,14 +12,6 @@ takes a job from a one-slot queue, runs it, and hands the outcome back on anothe
 wait is bounded: the main thread's by ``timeout_s``, the worker's idle wait by
 ``idle_s`` (after which it exits; the next :meth:`~InFlightExchange.submit` starts a new
 one). :meth:`~InFlightExchange.close` stops it.
-
-A job that has nothing to hide costs more on the thread than inline: its CPU work takes the
-core from the gradient either way, and the hand-off and the GIL add to it. With
-``inline_below_s`` the runner measures what a job waits for (its wall time less its CPU time,
-from jobs run inline: every one while inline, one in ``probe_every`` while on the thread) and
-runs jobs inline on the submitting thread while that wait stays below the bound. The result is
-still taken by the next :meth:`~InFlightExchange.wait`, so the exchange's order and bits are
-the same either way.
 """
 
 from __future__ import annotations
@@ -35,10 +27,6 @@ from sparkdl.training import timeline
 
 _STOP = object()  # the worker's sentinel: exit now
 
-#: The wait (seconds per job) below which an exchange's overlapped collective runs inline:
-#: about what handing a job to the thread and back costs on a busy core.
-INLINE_BELOW_S = 3e-4
-
 
 class InFlightExchange:
     """Runs one job at a time on a persistent daemon thread and hands its result back.
@@ -50,25 +38,14 @@ class InFlightExchange:
             broken: the job may still hold the communicator).
         name: the thread's name (shows in stack dumps and as the timeline's row).
         idle_s: how long the worker waits for the next job before it exits.
-        inline_below_s: run jobs inline while what they wait for (wall less CPU time, an
-            average over recent inline runs) is below this many seconds; 0: always on the
-            thread.
-        probe_every: while on the thread, run every this many-th job inline to measure it.
     """
 
     def __init__(self, timeout_s: float, name: str = "sparkdl-overlap",
-                 idle_s: float = 60.0, inline_below_s: float = 0.0,
-                 probe_every: int = 16) -> None:
+                 idle_s: float = 60.0) -> None:
         self.timeout_s = float(timeout_s)
         self.name = name
         self.idle_s = float(idle_s)
-        self.inline_below_s = float(inline_below_s)
-        self.probe_every = max(1, int(probe_every))
         self.busy_s = 0.0  # seconds the last finished job ran
-        self.inline_jobs = 0  # how many jobs ran inline
-        self._jobs_submitted = 0
-        self._wait_s: float | None = None  # recent inline jobs' wall less CPU time (average)
-        self._inline_outcome: tuple[bool, Any] | None = None
         self._jobs: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._outcomes: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
         self._thread: threading.Thread | None = None
@@ -89,12 +66,6 @@ class InFlightExchange:
             raise CommunicationError(self._broken)
         if self._pending:
             raise RuntimeError("an exchange is already in flight: wait() for it first")
-        self._jobs_submitted += 1
-        if self._runs_inline():
-            self._inline_outcome = self._run(job, inline=True)
-            self.inline_jobs += 1
-            self._pending = True
-            return
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
@@ -107,12 +78,6 @@ class InFlightExchange:
         """The in-flight job's result (``None`` when none is in flight); re-raises its error."""
         if not self._pending:
             return None
-        if self._inline_outcome is not None:
-            (ok, value), self._inline_outcome = self._inline_outcome, None
-            self._pending = False
-            if not ok:
-                raise value
-            return value
         try:
             ok, value = self._outcomes.get(timeout=self.timeout_s)
         except queue.Empty:
@@ -153,36 +118,18 @@ class InFlightExchange:
                 continue
             if job is _STOP:
                 return
-            outcome = self._run(job, inline=False)
+            started, cpu = time.perf_counter(), time.thread_time()
+            try:
+                outcome: tuple[bool, Any] = (True, job())
+            except BaseException as exc:  # handed to the waiting thread
+                outcome = (False, exc)
+            finished = time.perf_counter()
+            self.busy_s = finished - started
+            # the thread's CPU time in the job: what it took from the cores (the rest of the
+            # span it waited on sockets, the GIL released)
+            timeline.record("overlapped exchange", started, finished,
+                            {"cpu_us": round((time.thread_time() - cpu) * 1e6)})
             self._outcomes.put_nowait(outcome)  # the slot is free: wait() took the last
-
-    def _runs_inline(self) -> bool:
-        """Whether the job being submitted runs inline: while recent inline runs waited less
-        than ``inline_below_s``, and as a probe every ``probe_every`` jobs (the first too)."""
-        if self.inline_below_s <= 0:
-            return False
-        if self._wait_s is not None and self._wait_s < self.inline_below_s:
-            return True
-        return (self._jobs_submitted - 1) % self.probe_every == 0
-
-    def _run(self, job: Callable[[], Any], inline: bool) -> tuple[bool, Any]:
-        """Run ``job`` on this thread, timed; its outcome ``(ok, value or error)``."""
-        started, cpu = time.perf_counter(), time.thread_time()
-        try:
-            outcome: tuple[bool, Any] = (True, job())
-        except BaseException as exc:  # handed to the waiting thread
-            outcome = (False, exc)
-        finished = time.perf_counter()
-        # the thread's CPU time in the job: what it took from the cores (the rest of the
-        # span it waited on sockets, the GIL released)
-        cpu_s = time.thread_time() - cpu
-        self.busy_s = finished - started
-        if inline:  # on a thread of its own the wall time also holds waits for the core
-            waited = max(0.0, self.busy_s - cpu_s)
-            self._wait_s = waited if self._wait_s is None else 0.7 * self._wait_s + 0.3 * waited
-        timeline.record("overlapped exchange", started, finished,
-                        {"cpu_us": round(cpu_s * 1e6), "inline": int(inline)})
-        return outcome
 
 
 def overlap_timeout(comm: Any) -> float:

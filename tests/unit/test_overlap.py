@@ -98,25 +98,6 @@ def test_overlap_keeps_replicas_bit_identical_and_stays_close_to_sync(make):
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(w0, s0)) < 0.05
 
 
-@pytest.mark.parametrize("make", [
-    _sharing, lambda overlap: DenseTrainingMaster(8, 2, overlap=overlap),
-], ids=["sharing", "dense"])
-def test_inline_or_threaded_collectives_give_the_same_bits(make, monkeypatch):
-    """Whether the overlapped collective runs on the thread, inline, or each rank its own way
-    changes no bit: the result is applied at the same step either way."""
-    import sparkdl.training.exchange as exchange_module
-
-    runs = {}
-    for policy, below in (("thread", 0.0), ("inline", 10.0), ("adaptive", 1e-4)):
-        monkeypatch.setattr(exchange_module, "INLINE_BELOW_S", below)
-        (w0, e0), (w1, _) = _train(make(True))
-        assert _same(w0, w1)
-        inline_jobs = e0._in_flight.inline_jobs
-        assert (inline_jobs == 0) if policy == "thread" else (inline_jobs > 0)
-        runs[policy] = w0
-    assert _same(runs["thread"], runs["inline"]) and _same(runs["thread"], runs["adaptive"])
-
-
 def test_dense_overlap_applies_each_mean_gradient_one_step_late():
     """World 1, SGD: step t applies the gradient of step t-1 (computed on the weights before
     that one was applied); the epoch's end applies the last one."""
