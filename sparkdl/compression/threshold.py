@@ -245,6 +245,10 @@ class AdaptiveThreshold(ThresholdAlgorithm):
         }
 
 
+#: Smallest sample that :func:`_largest` narrows down first.
+_SUBSET_MIN = 1 << 14
+
+
 def _largest(sample: np.ndarray, passing: int) -> np.float32:
     """``np.partition(sample, kth)[kth]`` with ``kth = sample.size - passing`` (the
     ``passing``-th largest, NaN counting as largest), found in a small subset when it can be.
@@ -264,10 +268,6 @@ def _largest(sample: np.ndarray, passing: int) -> np.float32:
             kth = kept.size - passing
             return np.partition(kept, kth)[kth]  # type: ignore[no-any-return]
     return np.partition(sample, kth)[kth]  # type: ignore[no-any-return]
-
-
-#: Smallest sample that :func:`_largest` narrows down first.
-_SUBSET_MIN = 1 << 14
 
 
 class TargetSparsityThreshold(ThresholdAlgorithm):
