@@ -79,7 +79,6 @@ class HostViews:
     def __init__(self, variables: Sequence[Any]) -> None:
         self.variables = list(variables)
         self._views: list[tuple[int, np.ndarray] | None] = [None] * len(self.variables)
-        self._offsets: tuple[tuple[int, ...], np.ndarray] | None = None
 
     def reads(self) -> list[tf.Tensor]:
         """One aliasing read per variable (eager, or inside a graph: then return them)."""
@@ -108,15 +107,12 @@ class HostViews:
         since the last TensorFlow write to the variables (else read now)."""
         if reads is None:
             reads = self.reads()
-        key = tuple(offsets)
-        if self._offsets is None or self._offsets[0] != key:
-            self._offsets = (key, np.asarray(key, np.int64))
-        bounds = np.searchsorted(index, self._offsets[1]).tolist()
+        bounds = np.searchsorted(index, offsets).tolist()
         for i, read in enumerate(reads):  # the reads keep the buffers alive while we write
             start, stop = bounds[i], bounds[i + 1]
             if stop > start:
                 view = self._view(i, read)
                 local = index[start:stop]
-                if key[i]:
-                    local = local - key[i]
+                if offsets[i]:
+                    local = local - offsets[i]
                 view[local] += values[start:stop]
