@@ -18,6 +18,7 @@ from sparkdl.comm import MESH_MODES, create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.gpu import pin_gpus, round_robin
+from sparkdl.main_guard import unguarded_main_line
 from sparkdl.training.keras_fit import KerasFit
 from sparkdl.training.launcher import ChannelSettings
 from sparkdl.training.masters import TrainingMaster
@@ -97,7 +98,19 @@ class _ProcessLauncher:
         self._processes: list[Any] = []
 
     def check_slots(self, num_workers: int) -> None:
-        """Local processes always fit (they share the cores)."""
+        """Local processes always fit (they share the cores); but a fit reached from a
+        script's unguarded top-level code would run that code again in every spawned worker:
+        that fails here, at once."""
+        unguarded = unguarded_main_line()
+        if unguarded is not None:
+            script, line = unguarded
+            raise ConfigurationError(
+                f"ParallelWrapper.fit is called from the top level of {script} (line {line}) "
+                'outside an `if __name__ == "__main__":` block: its workers are spawned '
+                "processes that import the script again, so each would rerun that code (its "
+                "Spark session, its ETL). Put the script's top-level code under "
+                '`if __name__ == "__main__":`'
+            )
 
     def cancel(self) -> None:
         for process in list(self._processes):

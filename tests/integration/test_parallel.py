@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from sparkdl.errors import ConfigurationError
 from sparkdl.parallel import ParallelWrapper
 from sparkdl.training.masters import SharedTrainingMaster
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_parallel_wrapper_trains_with_identical_replicas(digits_shards, make_mlp):
@@ -38,3 +45,36 @@ def test_parallel_wrapper_refuses_a_bad_mesh_mode(make_mlp):
     with pytest.raises(ConfigurationError, match="mesh: expected one of"):
         ParallelWrapper(make_mlp([8, 8, 1], 10), SharedTrainingMaster(num_workers=2),
                         mesh="tree")
+
+
+UNGUARDED_SCRIPT = """\
+import sys
+
+import keras
+
+from sparkdl.parallel import ParallelWrapper
+from sparkdl.training.masters import SharedTrainingMaster
+
+model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile("sgd", "sparse_categorical_crossentropy")
+wrapper = ParallelWrapper(model, SharedTrainingMaster(num_workers=2))
+wrapper.fit(sys.argv[1], epochs=1)
+print("the fit ran")
+"""
+
+
+def test_a_script_fitting_outside_its_main_guard_fails_at_once_naming_the_line(
+        digits_shards, tmp_path):
+    """Its spawned workers would rerun the script's top level: the parent says so instead,
+    before any worker starts."""
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(script), digits_shards["train"]], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "the fit ran" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sparkdl.errors.ConfigurationError: ParallelWrapper.fit is called "
+                           f"from the top level of {script} (line 12) outside an"), last
+    assert "a worker process died" not in proc.stderr
