@@ -1,6 +1,7 @@
 """A real multi-host Spark standalone cluster on one machine (sparkdl.testing.netcluster):
-the harness itself, the digits pipeline through spark-submit on 2 hosts x 2 workers, and GPU
-scheduling with fake GPUs. Needs root (network namespaces); skipped elsewhere."""
+the harness itself, and the digits pipeline through spark-submit on 2 hosts x 2 workers
+(sharing with PowerSGD, and dense) with GPU scheduling on fake GPUs. Needs root (network
+namespaces); skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -70,26 +71,28 @@ def test_harness_hosts_links_and_shm(cluster):
 
 
 def _pipeline(cluster, tmp_path, mode: str, epochs: int, *, compression: str = "threshold",
-              **submit_kwargs):
+              sets: list[str] = (), **submit_kwargs):
+    """The digits pipeline through spark-submit with 4 workers; its metrics.json."""
     out, data = tmp_path / "out", tmp_path / "data"
     args = ["--conf", CONF, "--set", "training.num_workers=4", "--set", f"training.mode={mode}",
             "--set", f"training.epochs={epochs}", "--set", f"output.dir={out}",
             "--set", f"data.dir={data}", "--set", f"training.compression={compression}"]
+    args += [arg for item in sets for arg in ("--set", item)]
     proc = submit(cluster, "jobs/pipeline.py", args, tmp_path, timeout=400, **submit_kwargs)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "metrics.json").read_text())
 
 
-def test_pipeline_sharing_with_gpu_scheduling(cluster, tmp_path):
-    """Sharing on 2 hosts x 2 workers with fake GPUs: every barrier task and every evaluate
-    task was pinned to exactly its assigned GPU before TensorFlow loaded."""
+def test_pipeline_powersgd_sharing_with_gpu_scheduling(cluster, tmp_path):
+    """Sharing with PowerSGD (the YAML path of a user: training.compression) on 2 hosts x 2
+    workers with fake GPUs: replicas identical, and every barrier task and every evaluate task
+    was pinned to exactly its assigned GPU before TensorFlow loaded."""
     trace = tmp_path / "gpu-trace.jsonl"
     conf = {"spark.executorEnv.SPARKDL_GPU_TRACE": str(trace)}
-    metrics = _pipeline(cluster, tmp_path, "sharing", 6, extra_conf=conf, gpus_per_task=1)
+    metrics = _pipeline(cluster, tmp_path, "sharing", 6, compression="powersgd",
+                        extra_conf=conf, gpus_per_task=1)
     assert metrics["mode"] == "sharing"
-    assert metrics["test_accuracy"] >= 0.9
-    hosts = {address.rsplit(":", 1)[0] for address in metrics["executor_addresses"]}
-    assert hosts == {h.ip for h in cluster.hosts}
+    _check_cross_host_fit(cluster, metrics)
 
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     train = [r for r in records if r["role"] == "train"]
@@ -101,42 +104,24 @@ def test_pipeline_sharing_with_gpu_scheduling(cluster, tmp_path):
         assert record["cuda_visible_devices"] == record["addresses"][0], record
         assert record["allow_growth"] == "true", record
         assert record["tensorflow_loaded"] is False, record
-    # the two barrier tasks of each host got the host's two GPUs, one each
-    per_host: dict[str, list[str]] = {}
-    for record in train:
-        per_host.setdefault(record["local_ip"], []).append(record["addresses"][0])
-    assert {ip: sorted(ids) for ip, ids in per_host.items()} == {
-        h.ip: ["0", "1"] for h in cluster.hosts
-    }
+    _check_two_gpus_per_host(cluster, train)
 
 
-# averaging across JVMs: test_jobs.py's spark-submit stages; PowerSGD here is the YAML path
-# of a user (training.compression) on 2 hosts x 2 workers
-@pytest.mark.parametrize(("mode", "compression"), [("sharing", "powersgd"), ("dense", "threshold")])
-def test_pipeline_modes(cluster, tmp_path, mode, compression):
-    metrics = _pipeline(cluster, tmp_path, mode, 6, compression=compression)
-    assert metrics["mode"] == mode
-    assert metrics["replicas_identical"] is True
-    assert metrics["test_accuracy"] >= 0.9
-    hosts = {address.rsplit(":", 1)[0] for address in metrics["executor_addresses"]}
-    assert hosts == {h.ip for h in cluster.hosts}
-
-
-def test_only_the_training_stage_asks_for_gpus(cluster, tmp_path):
-    """Stage-level scheduling: the executors offer GPUs but no spark.task.resource.gpu.amount
-    is set; cluster.task_gpus=1 puts a ResourceProfile on the training stage alone. Each barrier
-    task got one GPU (CUDA_VISIBLE_DEVICES pinned before TensorFlow loaded), the two of each
-    host its two; the ETL and evaluate tasks ran on CPU slots with no GPU."""
+def test_only_the_training_stage_of_a_dense_pipeline_asks_for_gpus(cluster, tmp_path):
+    """Dense on 2 hosts x 2 workers with stage-level scheduling: the executors offer GPUs but
+    no spark.task.resource.gpu.amount is set; cluster.task_gpus=1 puts a ResourceProfile on the
+    training stage alone. Each barrier task got one GPU (CUDA_VISIBLE_DEVICES pinned before
+    TensorFlow loaded), the two of each host its two; the ETL and evaluate tasks ran on CPU
+    slots with no GPU. (Sharing with the threshold compressor across the hosts:
+    test_elastic_harness.py's reference run.)"""
     trace = tmp_path / "gpu-trace.jsonl"
     conf = {"spark.executorEnv.SPARKDL_GPU_TRACE": str(trace),
             "spark.executor.resource.gpu.amount": str(GPUS),
             "spark.python.worker.reuse": "false"}
-    out, data = tmp_path / "out", tmp_path / "data"
-    args = ["--conf", CONF, "--set", "training.num_workers=4", "--set", "training.mode=sharing",
-            "--set", "training.epochs=4", "--set", f"output.dir={out}",
-            "--set", f"data.dir={data}", "--set", "cluster.task_gpus=1"]
-    proc = submit(cluster, "jobs/pipeline.py", args, tmp_path, timeout=400, extra_conf=conf)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = _pipeline(cluster, tmp_path, "dense", 6, extra_conf=conf,
+                        sets=["cluster.task_gpus=1"])
+    assert metrics["mode"] == "dense"
+    _check_cross_host_fit(cluster, metrics)
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     train = [r for r in records if r["role"] == "train"]
     model = [r for r in records if r["role"] == "model"]
@@ -147,6 +132,18 @@ def test_only_the_training_stage_asks_for_gpus(cluster, tmp_path):
         assert record["cuda_visible_devices"] == record["addresses"][0], record
         assert record["tensorflow_loaded"] is False, record
     assert all(r["addresses"] is None for r in model), model
+    _check_two_gpus_per_host(cluster, train)
+
+
+def _check_cross_host_fit(cluster: NetCluster, metrics: dict) -> None:
+    assert metrics["replicas_identical"] is True
+    assert metrics["test_accuracy"] >= 0.9
+    hosts = {address.rsplit(":", 1)[0] for address in metrics["executor_addresses"]}
+    assert hosts == {h.ip for h in cluster.hosts}
+
+
+def _check_two_gpus_per_host(cluster: NetCluster, train: list[dict]) -> None:
+    """The two barrier tasks of each host got the host's two GPUs, one each."""
     per_host: dict[str, list[str]] = {}
     for record in train:
         per_host.setdefault(record["local_ip"], []).append(record["addresses"][0])
