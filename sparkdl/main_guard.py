@@ -26,9 +26,10 @@ def unguarded_main_line() -> tuple[str, int] | None:
     path = getattr(main, "__file__", None)
     if main is None or not isinstance(path, str) or not path.endswith(".py"):
         return None
+    namespace = vars(main)
     frame = sys._getframe(1)
     while frame is not None and not (
-        frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"
+        frame.f_globals is namespace and frame.f_code.co_name == "<module>"
     ):
         frame = frame.f_back
     if frame is None:
@@ -36,7 +37,7 @@ def unguarded_main_line() -> tuple[str, int] | None:
     line = frame.f_lineno
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+    except (OSError, SyntaxError, ValueError):  # ValueError: undecodable bytes too
         return None
     for statement in tree.body:
         if statement.lineno <= line <= (statement.end_lineno or statement.lineno):

@@ -71,7 +71,7 @@ def test_harness_hosts_links_and_shm(cluster):
 
 
 def _pipeline(cluster, tmp_path, mode: str, epochs: int, *, compression: str = "threshold",
-              sets: list[str] = (), **submit_kwargs):
+              sets: tuple[str, ...] = (), **submit_kwargs):
     """The digits pipeline through spark-submit with 4 workers; its metrics.json."""
     out, data = tmp_path / "out", tmp_path / "data"
     args = ["--conf", CONF, "--set", "training.num_workers=4", "--set", f"training.mode={mode}",
@@ -119,7 +119,7 @@ def test_only_the_training_stage_of_a_dense_pipeline_asks_for_gpus(cluster, tmp_
             "spark.executor.resource.gpu.amount": str(GPUS),
             "spark.python.worker.reuse": "false"}
     metrics = _pipeline(cluster, tmp_path, "dense", 6, extra_conf=conf,
-                        sets=["cluster.task_gpus=1"])
+                        sets=("cluster.task_gpus=1",))
     assert metrics["mode"] == "dense"
     _check_cross_host_fit(cluster, metrics)
     records = [json.loads(line) for line in trace.read_text().splitlines()]
