@@ -26,7 +26,8 @@ from sparkdl.compression.encoding import (
     decode_into,
     threshold_encode,
 )
-from sparkdl.compression.memory import HostMemory, Memory
+from sparkdl.compression.memory import HostMemory, Memory, PiecewiseMemory
+from sparkdl.compression.pieces import Pieces
 from sparkdl.compression.powersgd import PowerSGDCompressor, PowerSGDCompressorConfig
 from sparkdl.compression.threshold import (
     DEFAULT_TAU,
@@ -62,6 +63,8 @@ __all__ = [
     "FrameHeader",
     "HostMemory",
     "Memory",
+    "Pieces",
+    "PiecewiseMemory",
     "PowerSGDCompressor",
     "PowerSGDCompressorConfig",
     "ResidualClipping",

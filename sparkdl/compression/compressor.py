@@ -34,7 +34,7 @@ from sparkdl.compression.encoding import (
     sparse_entries,
     threshold_encode,
 )
-from sparkdl.compression.memory import HostMemory, Memory
+from sparkdl.compression.memory import HostMemory, Memory, PiecewiseMemory
 from sparkdl.compression.threshold import (
     AdaptiveThreshold,
     ResidualClipping,
@@ -264,6 +264,10 @@ class ThresholdCompressor(Compressor):
         ``update``: the float32 vector, or its consecutive pieces (float32 arrays of any
         shape whose sizes add up to ``num_elements``; each is added to its slice of the
         residual, so the caller need not concatenate them)."""
+        if isinstance(self.memory, PiecewiseMemory):
+            raise ConfigurationError(
+                "the residual is held in pieces whose owner adds the update: call compress_held"
+            )
         started = time.perf_counter()
         residual = self.memory.residual
         if not isinstance(update, np.ndarray):
@@ -279,6 +283,33 @@ class ThresholdCompressor(Compressor):
         shake, encode_tau = self.shaken_tau(tau, step)
         encoded = threshold_encode(residual, encode_tau, add=add)
         self.memory.post_process(tau, step)
+        return self.finish_frame(encoded, step, shake, started)
+
+    def hold_residual_in(self, memory: PiecewiseMemory) -> None:
+        """Keep the residual in ``memory`` from now on: the current residual and the
+        post-processor move there. Its owner then adds each update to it and calls
+        :meth:`compress_held` instead of :meth:`compress` (the same frames, the same bits)."""
+        if not isinstance(memory, PiecewiseMemory) or memory.num_elements != self.num_elements:
+            raise ConfigurationError(
+                f"need a PiecewiseMemory of {self.num_elements} elements, got {memory!r}"
+            )
+        memory.set_residual(self.memory.get_residual())
+        memory.post_processor = self.memory.post_processor
+        self.memory = memory
+
+    def compress_held(self, step: int) -> tuple[bytes, EncodingStats]:
+        """:meth:`compress` of a :class:`~sparkdl.compression.memory.PiecewiseMemory` that
+        already holds this step's update: select tau, encode and post-process the pieces in
+        place, without ever concatenating them."""
+        memory = self.memory
+        if not isinstance(memory, PiecewiseMemory):
+            raise ConfigurationError("compress_held needs a PiecewiseMemory (hold_residual_in)")
+        started = time.perf_counter()
+        residual = memory.pieces()
+        tau = self.threshold.select_pieces(residual, step)
+        shake, encode_tau = self.shaken_tau(tau, step)
+        encoded = threshold_encode(residual, encode_tau)
+        memory.post_process(tau, step)
         return self.finish_frame(encoded, step, shake, started)
 
     def _add_pieces(self, residual: np.ndarray, pieces: Sequence[np.ndarray]) -> None:

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from sparkdl.compression.pieces import Pieces
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 __all__ = [
@@ -149,24 +151,36 @@ def _encode_dense(
     return int(np.count_nonzero(mask))
 
 
+def _chunks(r: np.ndarray | Pieces) -> Iterator[tuple[int, np.ndarray, bool]]:
+    """``(start, chunk, staged)`` over the encode sweep's chunks (see :meth:`Pieces.chunks`)."""
+    if isinstance(r, Pieces):
+        yield from r.chunks(CHUNK_ELEMENTS)
+        return
+    for start in range(0, r.size, CHUNK_ELEMENTS):
+        yield start, r[start : start + CHUNK_ELEMENTS], False
+
+
 def _subtract_exact(
-    r: np.ndarray, index: np.ndarray, t: np.float32
+    r: np.ndarray | Pieces, index: np.ndarray, t: np.float32
 ) -> tuple[np.ndarray, np.ndarray]:
     """Subtract ``±t`` from ``r[index]`` (all ``|r| >= t``) where that is exact (see module
     docstring); return the kept indices and their signs (True = negative)."""
-    values = r[index]
+    values = r.take(index) if isinstance(r, Pieces) else r[index]
     signed = _signed_tau(values, t).view(np.float32)
     updated = values - signed
     exact = (updated + signed) == values
     negative = np.signbit(signed)
     if not exact.all():
         index, updated, negative = index[exact], updated[exact], negative[exact]
-    r[index] = updated
+    if isinstance(r, Pieces):
+        r.put(index, updated)
+    else:
+        r[index] = updated
     return index, negative
 
 
 def threshold_encode(
-    residual: np.ndarray, tau: float, *, add: np.ndarray | None = None
+    residual: np.ndarray | Pieces, tau: float, *, add: np.ndarray | None = None
 ) -> EncodedUpdate:
     """Encode every element with ``|r| >= tau`` as ``sign(r) * tau`` and subtract it in place.
 
@@ -177,11 +191,21 @@ def threshold_encode(
     encoding is chosen from the number of candidates (``|r| >= tau``): SPARSE while
     ``4 * candidates <= ceil(n / 4)``, else BITMAP. Raises :class:`ConfigurationError` for a
     bad array or ``tau``.
+
+    ``residual`` may also be :class:`~sparkdl.compression.pieces.Pieces` (the vector held in
+    separate buffers, e.g. one per model variable; no ``add``): the same message and the same
+    bits as for their concatenation, without concatenating them.
     """
-    r = _check_vector("residual", residual, writable=True)
+    r: np.ndarray | Pieces
+    if isinstance(residual, Pieces):
+        if add is not None:
+            raise ConfigurationError("add needs the residual as one array, not Pieces")
+        r = residual
+    else:
+        r = _check_vector("residual", residual, writable=True)
     if add is not None:
         _check_vector("add", add, writable=False)
-        if add.shape != r.shape:
+        if add.shape != (r.size,):
             raise ConfigurationError(f"add has {add.size} elements, residual has {r.size}")
     t = _float32_tau(tau, ConfigurationError)
     n = r.size
@@ -201,12 +225,10 @@ def threshold_encode(
     code_buf = np.empty(0, np.uint8)
     nnz = 0
     with np.errstate(over="ignore", invalid="ignore"):
-        for start in range(0, n, CHUNK_ELEMENTS):
-            stop = min(start + CHUNK_ELEMENTS, n)
-            length = stop - start
-            chunk = r[start:stop]
+        for start, chunk, staged in _chunks(r):
+            length = chunk.size
             if add is not None:
-                np.add(chunk, add[start:stop], out=chunk)
+                np.add(chunk, add[start : start + length], out=chunk)
             a = np.abs(chunk, out=abs_buf[:length])
             m = np.greater_equal(a, t, out=mask_buf[:length])
             if bitmap is None:
@@ -233,6 +255,9 @@ def threshold_encode(
             nnz += _encode_dense(
                 chunk, m, t, code_buf, bitmap[start // 4 : start // 4 + bitmap_nbytes(length)]
             )
+            if staged:
+                assert isinstance(r, Pieces)
+                r.write(start, chunk)
         if bitmap is not None:
             return EncodedUpdate(Encoding.BITMAP, n, float(t), nnz, bitmap.tobytes())
         if not found:

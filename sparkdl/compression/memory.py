@@ -14,10 +14,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sparkdl.compression.pieces import Pieces
 from sparkdl.compression.threshold import ResidualPostProcessor, _check_state
 from sparkdl.errors import ConfigurationError
 
-__all__ = ["HostMemory", "Memory"]
+__all__ = ["HostMemory", "Memory", "PiecewiseMemory"]
 
 
 class Memory(abc.ABC):
@@ -128,3 +129,18 @@ class HostMemory(Memory):
         """GRACE's ``memory.update``: what was sent of ``residual[start:start + len(sent)]``
         leaves it (the rest is kept back for the next step)."""
         self._residual[start:start + len(sent)] -= sent
+
+
+class PiecewiseMemory(Memory):
+    """A residual held in buffers owned elsewhere, as :class:`~sparkdl.compression.pieces.Pieces`
+    (e.g. the variables a model's optimizer adds its update to: gradient sharing's fused
+    path). Its owner adds each update to it; the compressor encodes it as it stands
+    (``ThresholdCompressor.compress_held``) and post-processes it in place."""
+
+    @abc.abstractmethod
+    def pieces(self) -> Pieces:
+        """The residual's buffers, writable, valid until the owner's next write to them."""
+
+    def post_process(self, tau: float, step: int) -> None:
+        if self.post_processor is not None:
+            self.post_processor.apply_pieces(self.pieces(), tau, step)

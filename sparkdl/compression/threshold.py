@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from sparkdl.compression.pieces import Pieces
 from sparkdl.errors import ConfigurationError
 
 _T = TypeVar("_T")
@@ -134,6 +135,13 @@ class ThresholdAlgorithm:
     def select(self, residual: np.ndarray, step: int) -> float:
         """Tau for ``step`` given the residual about to be encoded; default :meth:`threshold`."""
         return self.threshold(step)
+
+    def select_pieces(self, residual: Pieces, step: int) -> float:
+        """:meth:`select` for a residual held in pieces: by default on their concatenation
+        (a copy) when :attr:`uses_residual`, else without reading it."""
+        if self.uses_residual:
+            return self.select(residual.concatenate(), step)
+        return self.select(np.zeros(0, np.float32), step)
 
     def observe(self, nnz: int, num_elements: int) -> None:
         """Record that the last step sent ``nnz`` of ``num_elements`` elements."""
@@ -307,6 +315,14 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
         sample = np.abs(residual[offset::stride])
         return self.accept_quantile(float(_largest(sample, passing)))
 
+    def select_pieces(self, residual: Pieces, step: int) -> float:
+        """:meth:`select` on the same strided sample, taken from the pieces."""
+        if residual.size == 0:
+            return self.tau
+        offset, stride, passing = self.sample_plan(residual.size, step)
+        sample = np.abs(residual.strided(offset, stride))
+        return self.accept_quantile(float(_largest(sample, passing)))
+
     def sample_plan(self, n: int, step: int) -> tuple[int, int, int]:
         """``(offset, stride, passing)``: the strided sample of an ``n``-element residual that
         :meth:`select` takes at ``step``, and how many of its elements should pass."""
@@ -396,6 +412,13 @@ class ResidualPostProcessor:
         """Change ``residual`` (float32, in place) after the encode of ``step`` at ``tau``."""
         raise NotImplementedError
 
+    def apply_pieces(self, residual: Pieces, tau: float, step: int) -> None:
+        """:meth:`apply` to a residual held in pieces; by default on a copy of the whole
+        vector, written back (override for a processor that works element by element)."""
+        whole = residual.concatenate()
+        self.apply(whole, tau, step)
+        residual.write(0, whole)
+
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments, JSON-compatible."""
         raise NotImplementedError
@@ -437,6 +460,10 @@ class ResidualClipping(_Config, ResidualPostProcessor):
         bound = self.bound(tau)
         if bound is not None:
             np.clip(residual, -bound, bound, out=residual)
+
+    def apply_pieces(self, residual: Pieces, tau: float, step: int) -> None:
+        for piece in residual.arrays:  # element by element: each piece alone
+            self.apply(piece, tau, step)
 
 
 _CLASSES: dict[str, type[Any]] = {

@@ -363,8 +363,8 @@ class UpdateExchange(abc.ABC):
     def _apply_if_finite(self, apply: Any, grads: list[Any], skip: Any = None) -> tf.Tensor:
         """(In a graph) ``apply()`` when every gradient is finite, else ``skip()`` (so no
         optimizer state takes a non-finite gradient); whether every one is."""
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads
-                                if g is not None])
+        present = [g for g in grads if g is not None]
+        finite = all_finite(present) if present else tf.constant(True)
 
         def run(fn: Any, flag: bool) -> tf.Tensor:
             if fn is not None:

@@ -19,11 +19,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from sparkdl.training.host_views import read_no_copy
+from sparkdl.compression.memory import PiecewiseMemory
+from sparkdl.compression.pieces import Pieces
+from sparkdl.compression.threshold import ResidualPostProcessor
+from sparkdl.training.exchange import all_finite
+from sparkdl.training.host_views import read_no_copy, writable
 
-__all__ = ["UpdateVariables", "fallback_reason"]
+__all__ = ["UpdateMemory", "UpdateVariables", "fallback_reason"]
 
 #: Optimizer classes whose ``update_step`` never reads the variable's value (only the
 #: gradient and the optimizer's own state). Exact types: a subclass may override
@@ -66,14 +71,20 @@ class UpdateVariables:
     in their place (:meth:`apply`): the optimizer's slot for ``variables[i]`` serves
     ``U[i]``, so its state (and its saved form) is the model's optimizer state, unchanged.
 
-    Only for an optimizer :func:`fallback_reason` accepts, built on ``variables``.
+    Only for an optimizer :func:`fallback_reason` accepts, built on ``variables``. With
+    ``accumulate`` the update is added to what ``U`` holds (the optimizer's own addition):
+    ``U`` then serves as gradient sharing's residual.
     """
 
-    def __init__(self, optimizer: Any, variables: Sequence[Any]) -> None:
+    def __init__(self, optimizer: Any, variables: Sequence[Any], *, accumulate: bool = False
+                 ) -> None:
         reason = fallback_reason(optimizer, variables)
         if reason is not None:
             raise ValueError(f"the update cannot be computed apart from the weights: {reason}")
         self.optimizer = optimizer
+        #: Whether the optimizer's update adds to what ``U`` holds (``U`` is then a residual,
+        #: :class:`UpdateMemory`) rather than replacing it.
+        self.accumulate = accumulate
         self.variables = [
             tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name=f"update_{i}")
             for i, v in enumerate(variables)
@@ -95,25 +106,52 @@ class UpdateVariables:
         what adding to a zeroed ``U`` gives, without a pass that zeroes ``U`` or reads it back.
         A variable with a sparse gradient is zeroed first and takes the optimizer's own
         scatter."""
+        if self.accumulate:
+            raise ValueError("accumulating update variables take add(), not apply()")
+        for update, grad in zip(self.variables, grads):
+            if isinstance(grad, tf.IndexedSlices):
+                update.assign(tf.zeros_like(update))
+
+        def write(variable: Any, value: Any, sign: float, own: Any) -> None:
+            if isinstance(value, tf.IndexedSlices):
+                own(variable, value)
+                return
+            # a zero TensorFlow cannot fold away (0 - d is not -d for d = +0.0)
+            zero = self._zero.read_value()
+            variable.assign(tf.add(zero, value) if sign > 0 else tf.subtract(zero, value))
+
+        self._optimizer_step(grads, write)
+        return [read_no_copy(update) for update in self.variables]
+
+    def add(self, grads: Sequence[tf.Tensor]) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """(In a graph, ``accumulate=True``) one optimizer step whose update is added to
+        ``U`` (the optimizer's own ``U + d``); returns the values of ``U``, aliasing their
+        buffers on the host, and whether they are all finite (one summing pass over ``U``).
+        A non-finite update stays in ``U``, as it stays in the optimizer's state: training
+        ends on it (the loop raises ``TrainingError``)."""
+        if not self.accumulate:
+            raise ValueError("add() needs update variables built with accumulate=True")
+        self._optimizer_step(grads, lambda variable, value, sign, own: own(variable, value))
+        values = [read_no_copy(update) for update in self.variables]
+        return values, all_finite(values) if values else tf.constant(True)
+
+    def _optimizer_step(self, grads: Sequence[tf.Tensor], write: Any) -> None:
+        """Run the optimizer with ``grads`` on ``U``; its one addition to each ``U[i]`` goes
+        to ``write(variable, value, sign, own)`` (``own``: the optimizer's own addition)
+        instead; additions to its own state are made as usual."""
         optimizer = self.optimizer
         grads = list(grads)
         mine = {id(update): i for i, update in enumerate(self.variables)}
         calls = [0] * len(self.variables)
-        for update, grad in zip(self.variables, grads):
-            if isinstance(grad, tf.IndexedSlices):
-                update.assign(tf.zeros_like(update))
         add, sub = optimizer.assign_add, optimizer.assign_sub
 
-        def written(variable: Any, value: Any, sign: float, fallback: Any) -> None:
+        def written(variable: Any, value: Any, sign: float, own: Any) -> None:
             i = mine.get(id(variable))
-            value = tf.cast(value, tf.float32) if i is not None else value
-            if i is None or isinstance(value, tf.IndexedSlices):
-                fallback(variable, value)
+            if i is None:
+                own(variable, value)
                 return
             calls[i] += 1
-            # a zero TensorFlow cannot fold away (0 - d is not -d for d = +0.0)
-            zero = self._zero.read_value()
-            variable.assign(tf.add(zero, value) if sign > 0 else tf.subtract(zero, value))
+            write(variable, tf.cast(value, tf.float32), sign, own)
 
         optimizer.assign_add = lambda variable, value: written(variable, value, 1.0, add)
         optimizer.assign_sub = lambda variable, value: written(variable, value, -1.0, sub)
@@ -126,4 +164,51 @@ class UpdateVariables:
                 f"{type(optimizer).__name__} adds to a variable more than once per step; "
                 "its update cannot be written into U"
             )
-        return [read_no_copy(update) for update in self.variables]
+
+
+class UpdateMemory(PiecewiseMemory):
+    """Gradient sharing's residual held in :class:`UpdateVariables` built with
+    ``accumulate=True``: the optimizer adds each step's update to it, in the step's graph,
+    and the host encodes and post-processes it in place through numpy views of the
+    variables' buffers (:meth:`hold`), so the residual is never added to, copied or
+    concatenated apart from the encode (CPU variables only)."""
+
+    def __init__(self, updates: UpdateVariables,
+                 post_processor: ResidualPostProcessor | None = None) -> None:
+        if not updates.accumulate:
+            raise ValueError("the update variables must accumulate (accumulate=True)")
+        super().__init__(sum(int(np.prod(v.shape)) for v in updates.variables), post_processor)
+        self.updates = updates
+        self._pieces: Pieces | None = None
+        self._reads: list[Any] | None = None
+
+    def hold(self, reads: Sequence[Any]) -> None:
+        """Take ``reads``: aliasing reads of the variables (numpy or tensors) since their last
+        write, whose buffers :meth:`pieces` hands out until :meth:`release`."""
+        self._reads = list(reads)  # they keep the buffers alive while we write through views
+        self._pieces = Pieces([writable(np.asarray(read)) for read in self._reads])
+
+    def release(self) -> None:
+        """Drop the held reads (before TensorFlow writes the variables again: a buffer
+        still read is copied before the write)."""
+        self._pieces = self._reads = None
+
+    def pieces(self) -> Pieces:
+        if self._pieces is None:
+            self.hold([read_no_copy(v) for v in self.updates.variables])
+        assert self._pieces is not None
+        return self._pieces
+
+    def get_residual(self) -> np.ndarray:
+        if self.num_elements == 0:
+            return np.zeros(0, np.float32)
+        return np.concatenate([np.reshape(v.numpy(), -1) for v in self.updates.variables])
+
+    def set_residual(self, value: np.ndarray) -> None:
+        value = self._checked(value)
+        self.release()
+        start = 0
+        for variable in self.updates.variables:
+            size = int(np.prod(variable.shape))
+            variable.assign(value[start:start + size].reshape(variable.shape))
+            start += size

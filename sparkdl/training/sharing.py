@@ -9,12 +9,18 @@ import numpy as np
 import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
-from sparkdl.compression.compressor import Compressor, prefixed, unprefixed
+from sparkdl.compression.compressor import (
+    Compressor,
+    ThresholdCompressor,
+    prefixed,
+    unprefixed,
+)
+from sparkdl.compression.memory import HostMemory
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.device_encoding import variable_device
 from sparkdl.training.exchange import UpdateExchange, all_finite
 from sparkdl.training.host_views import HostViews, read_no_copy
-from sparkdl.training.optimizer_update import UpdateVariables, fallback_reason
+from sparkdl.training.optimizer_update import UpdateMemory, UpdateVariables, fallback_reason
 
 
 class GradientSharingExchange(UpdateExchange):
@@ -33,6 +39,15 @@ class GradientSharingExchange(UpdateExchange):
     sum to W (fused on the host: in place through numpy views,
     :mod:`~sparkdl.training.host_views`; else a scatter of the entries, or one dense pass for
     bitmap frames).
+
+    Fused on the host with a threshold compressor and no loss scaling (``hold_residual``,
+    the default), the optimizer's variables ``U`` are the residual
+    (:class:`~sparkdl.training.optimizer_update.UpdateMemory`): the optimizer adds its update
+    to them in the step's graph and :meth:`encode` encodes them in place, so the residual is
+    never added to or copied apart; the same bits as the residual kept in the compressor's
+    own vector (``hold_residual=False``). A non-finite update then stays in the residual, as
+    it stays in the optimizer's state (it ends the step before the encode, and the training
+    loop ends training on it).
 
     State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
     ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and
@@ -55,6 +70,7 @@ class GradientSharingExchange(UpdateExchange):
         compressor: Compressor,
         *,
         overlap: bool = False,
+        hold_residual: bool = True,
     ) -> None:
         super().__init__(model, comm, overlap=overlap)
         self.compressor = compressor
@@ -73,12 +89,24 @@ class GradientSharingExchange(UpdateExchange):
         # Fused on the host: the sum's entries are added to the weights in place.
         self._views: HostViews | None = None
         self._reads: list[tf.Tensor] | None = None  # aliasing reads of W from this step
+        # Fused on the host, threshold-encoded, without loss scaling: the residual lives in U
+        # (the optimizer adds each update to it; the host encodes it in place).
+        self._memory: UpdateMemory | None = None
+        self._holder: ThresholdCompressor | None = None  # the compressor, when U is its memory
         if self.fallback_reason is None:
-            with self._placement():
-                self._updates = UpdateVariables(self.optimizer, variables)
             host = not any("GPU" in variable_device(v).upper() for v in variables)
             if host and not self._on_device and all(v.dtype == "float32" for v in variables):
                 self._views = HostViews(variables)
+            if (hold_residual and self._views is not None and self.loss_scale is None
+                    and isinstance(compressor, ThresholdCompressor)
+                    and type(compressor.memory) is HostMemory):
+                self._holder = compressor
+            with self._placement():
+                self._updates = UpdateVariables(self.optimizer, variables,
+                                                accumulate=self._holder is not None)
+            if self._holder is not None:
+                self._memory = UpdateMemory(self._updates)
+                self._holder.hold_residual_in(self._memory)
         else:
             self._shared = [
                 tf.Variable(v, trainable=False, name=f"shared_{i}")
@@ -135,7 +163,9 @@ class GradientSharingExchange(UpdateExchange):
                  for g, v in zip(grads, variables)]
         updates = self._updates
         assert updates is not None  # the fused path has them
-        if self.loss_scale is None:
+        if updates.accumulate:  # U is the residual: U + d, checked after
+            pieces, finite = updates.add(grads)
+        elif self.loss_scale is None:
             pieces = updates.apply(grads)  # U holds this step's update, whatever it held
             finite = all_finite(pieces)
         else:  # a non-finite gradient (a skipped step) reaches no optimizer state; U keeps
@@ -197,6 +227,10 @@ class GradientSharingExchange(UpdateExchange):
         self._reads = reads[0] if reads and reads[0] and bool(finite) else None
         if not self._on_device:
             update = [np.asarray(piece) for piece in update]
+        if self._memory is not None:  # the update is in U, the residual: encoded in place
+            if bool(finite):
+                self._memory.hold(update)
+            update = None
         return loss, update, finite
 
     def discard_update(self, update: Any) -> None:
@@ -204,7 +238,12 @@ class GradientSharingExchange(UpdateExchange):
         self._reads = None
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
-        return self.compressor.compress(update, step)
+        if self._holder is None or self._memory is None:
+            return self.compressor.compress(update, step)
+        try:
+            return self._holder.compress_held(step)
+        finally:
+            self._memory.release()  # before the next step's graph adds to U
 
     def communicate(self, message: tuple[bytes, Any], step: int) -> Any:
         frame, stats = message

@@ -17,7 +17,11 @@ import tensorflow as tf
 from _comm_harness import run_threads
 
 from sparkdl.comm import create_communicator
-from sparkdl.compression.threshold import AdaptiveThreshold, FixedThreshold
+from sparkdl.compression.threshold import (
+    AdaptiveThreshold,
+    FixedThreshold,
+    TargetSparsityThreshold,
+)
 from sparkdl.training.masters import SharedTrainingMaster
 from sparkdl.training.optimizer_update import fallback_reason
 
@@ -191,9 +195,20 @@ def test_a_weight_constraint_takes_the_fallback() -> None:
     assert reason is not None and "constraint" in reason
 
 
+def _apart(model: keras.Model, comm: Any) -> Any:
+    """The fused host exchange with the residual in the compressor's own vector."""
+    from sparkdl.training.sharing import GradientSharingExchange
+    from sparkdl.training.variables import FlatVariables
+
+    compressor = _master(world=1).compressor.build(
+        FlatVariables(model.trainable_variables).size, job_id=1, rank=comm.rank)
+    return GradientSharingExchange(model, comm, compressor, hold_residual=False)
+
+
 def test_a_non_finite_update_is_dropped_and_the_next_step_starts_from_zero() -> None:
-    """SGD without momentum (no state a NaN could poison): good, NaN, good trains exactly
-    like good, good — the update variables were left zero, the residual untouched."""
+    """SGD without momentum (no state a NaN could poison), the residual apart from U: good,
+    NaN, good trains exactly like good, good — the update variables were left zero, the
+    residual untouched."""
     comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=SECRET, timeout_s=10)
     try:
         finals = []
@@ -202,8 +217,8 @@ def test_a_non_finite_update_is_dropped_and_the_next_step_starts_from_zero() -> 
             model = _model("adam")
             model.compile(optimizer=keras.optimizers.SGD(0.1),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            exchange = _master(world=1).create_exchange(model, comm, job_id=1)
-            assert exchange.fallback_reason is None
+            exchange = _apart(model, comm)
+            assert exchange.fallback_reason is None and exchange._memory is None
             results = [exchange.step(x0, y0, 0)]
             if with_nan:
                 before = (_flat(model), exchange.compressor.get_residual())
@@ -215,6 +230,27 @@ def test_a_non_finite_update_is_dropped_and_the_next_step_starts_from_zero() -> 
             exchange.finish()
             finals.append((_flat(model), exchange.compressor.get_residual().tobytes()))
         assert finals[0] == finals[1]
+    finally:
+        comm.close()
+
+
+def test_a_non_finite_update_held_in_u_ends_the_step_before_anything_is_sent() -> None:
+    """The residual held in U takes the non-finite update (as the optimizer's state does):
+    the step reports it, nothing is encoded or sent, the weights are untouched (the loop
+    then ends training: test_timeline_fit's failed fit)."""
+    comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=SECRET, timeout_s=10)
+    try:
+        model = _model("sgd-momentum")
+        exchange = _master(world=1).create_exchange(model, comm, job_id=1)
+        assert exchange._memory is not None
+        (x0, y0), = _batches(0, 1)
+        exchange.step(x0, y0, 0)
+        weights, tau = _flat(model), exchange.compressor.threshold.get_state()
+        result = exchange.step(np.full_like(x0, np.nan), y0, 1)
+        assert not result.finite_update and "frame_bytes" not in result.extra
+        assert _flat(model) == weights
+        assert exchange.compressor.threshold.get_state() == tau  # nothing was encoded
+        assert not np.isfinite(exchange.compressor.get_residual()).all()
     finally:
         comm.close()
 
@@ -265,3 +301,86 @@ def test_the_update_written_into_u_is_the_sum_into_zeroed_u_bit_for_bit(make) ->
         for got, expected in zip(written[0][1].variables, ref_updates.variables):
             assert np.array_equal(got.numpy().view(np.int32), expected.numpy().view(np.int32)), (
                 step, got.numpy(), expected.numpy())
+
+
+HELD_THRESHOLDS = {
+    "adaptive": lambda: AdaptiveThreshold(initial=1e-3, min_sparsity=0.01, max_sparsity=0.2),
+    "target-sparsity": lambda: TargetSparsityThreshold(0.1),  # bitmap frames
+    "fixed": lambda: FixedThreshold(2e-3),
+}
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("threshold", sorted(HELD_THRESHOLDS))
+def test_the_residual_held_in_the_update_variables_trains_bit_for_bit_as_apart(
+    threshold: str, overlap: bool
+) -> None:
+    """The fused host path keeps the residual in U (the optimizer adds each update to it, the
+    host encodes it in place): weights, residual, tau and optimizer state equal, bit for bit,
+    those of the residual kept in the compressor's own vector — on both ranks, with
+    shake-up and clipping, across chunk boundaries that fall inside and between variables,
+    and after a resume from the state of the held path."""
+    from sparkdl.compression.compressor import ThresholdCompressorConfig
+    from sparkdl.compression.threshold import ResidualClipping, ShakeUp
+    from sparkdl.training.sharing import GradientSharingExchange
+    from sparkdl.training.variables import FlatVariables
+
+    steps, cut = 12, 5
+
+    def model() -> keras.Model:  # 154,103 parameters: 3 encode chunks, one inside a kernel
+        keras.utils.set_random_seed(11)
+        built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(300, activation="relu"),
+                                  keras.layers.Dense(500, activation="relu"),
+                                  keras.layers.Dense(3)])
+        built.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return built
+
+    models = {(hold, rank): model() for hold in (True, False) for rank in (0, 1)}
+    resumed = [model(), model()]
+    config = ThresholdCompressorConfig(HELD_THRESHOLDS[threshold](), ShakeUp(4, 0.5),
+                                       ResidualClipping(3.0, 3))
+
+    def exchange(m: keras.Model, comm: Any, hold: bool) -> GradientSharingExchange:
+        size = FlatVariables(m.trainable_variables).size
+        compressor = config.build(size, job_id=5, rank=comm.rank)
+        return GradientSharingExchange(m, comm, compressor, overlap=overlap, hold_residual=hold)
+
+    def fn(rank: int, comm: Any) -> dict[str, Any]:
+        batches = _batches(rank, steps)
+        out: dict[str, Any] = {}
+        for hold in (True, False):
+            ex = exchange(models[hold, rank], comm, hold)
+            assert (ex._memory is not None) == hold
+            for step, (x, y) in enumerate(batches):
+                result = ex.step(x, y, step)
+                out.setdefault(hold, []).append(result.extra.get("bitmap"))
+                if step == cut - 1:  # both: a drain changes overlap's schedule
+                    ex.finish()
+                    if hold:
+                        weights, state = models[hold, rank].get_weights(), ex.get_state()
+            ex.finish()
+            out[hold, "state"] = ex.get_state()
+        other = exchange(resumed[rank], comm, True)
+        resumed[rank].set_weights(weights)
+        other.set_state(state)
+        for step, (x, y) in enumerate(batches[cut:], start=cut):
+            other.step(x, y, step)
+        other.finish()
+        out["resumed", "state"] = other.get_state()
+        return out
+
+    results = _on_two_ranks(fn)
+    final = _flat(models[False, 0])
+    assert final != _flat(model())  # it trained
+    assert {_flat(models[h, r]) for h in (True, False) for r in (0, 1)} == {final}
+    assert _flat(resumed[0]) == _flat(resumed[1]) == final
+    for r in results:
+        reference = r[False, "state"]
+        for got in (r[True, "state"], r["resumed", "state"]):
+            assert set(got) == set(reference)
+            for key, value in reference.items():  # residuals: signed zeros may differ
+                assert np.array_equal(np.asarray(value), np.asarray(got[key])), key
+        assert np.abs(reference["compressor.memory.residual"]).max() > 0
+    if threshold == "target-sparsity":
+        assert 1.0 in results[0][True]  # bitmap frames were sent
