@@ -9,6 +9,9 @@ weights are then never written by the optimizer: no ``v - w`` pass, no reset cop
 ``U`` zeroed: its one addition per step is written as the assignment ``U ← 0 + d``, the
 same bits.
 
+With ``accumulate=True`` the optimizer's addition is made as it is, ``U ← U + d``: ``U`` is
+then gradient sharing's residual (:class:`UpdateMemory`), encoded in place on the host.
+
 :func:`fallback_reason` says why an optimizer cannot take this path (then the caller applies
 to the weights and takes the update back out of them).
 """
