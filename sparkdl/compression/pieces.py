@@ -13,7 +13,22 @@ import numpy as np
 
 from sparkdl.errors import ConfigurationError
 
-__all__ = ["Pieces"]
+__all__ = ["Pieces", "split_sorted"]
+
+
+def split_sorted(index: np.ndarray, offsets: Sequence[int]
+                 ) -> Iterator[tuple[int, np.ndarray, slice]]:
+    """``(i, local, where)`` for each piece ``i`` that the flat ``index`` (ascending) touches,
+    piece ``i`` holding the flat elements ``offsets[i]:offsets[i + 1]``: the piece's own
+    indices, and their positions in ``index``."""
+    bounds = np.searchsorted(index, offsets).tolist()
+    for i in range(len(offsets) - 1):
+        start, stop = bounds[i], bounds[i + 1]
+        if stop > start:
+            local = index[start:stop]
+            if offsets[i]:
+                local = local - offsets[i]
+            yield i, local, slice(start, stop)
 
 
 class Pieces:
@@ -55,36 +70,26 @@ class Pieces:
             else:
                 yield start, self.read(start, stop), True
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """A copy of the elements ``start:stop``."""
-        out = np.empty(stop - start, np.float32)
+    def _spans(self, start: int, stop: int) -> Iterator[tuple[np.ndarray, slice]]:
+        """``(part, where)`` for each piece overlapping the elements ``start:stop``: the
+        piece's view of its share, and that share's positions within ``start:stop``."""
         for piece, low in zip(self.arrays, self.offsets):
             high = low + piece.size
             if high > start and low < stop:
                 a, b = max(start, low), min(stop, high)
-                out[a - start : b - start] = piece[a - low : b - low]
+                yield piece[a - low : b - low], slice(a - start, b - start)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """A copy of the elements ``start:stop``."""
+        out = np.empty(stop - start, np.float32)
+        for part, where in self._spans(start, stop):
+            out[where] = part
         return out
 
     def write(self, start: int, values: np.ndarray) -> None:
         """Set the elements ``start:start + len(values)`` to ``values``."""
-        stop = start + values.size
-        for piece, low in zip(self.arrays, self.offsets):
-            high = low + piece.size
-            if high > start and low < stop:
-                a, b = max(start, low), min(stop, high)
-                piece[a - low : b - low] = values[a - start : b - start]
-
-    def _split(self, index: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, slice]]:
-        """``(piece, local index, positions in index)`` for each piece ``index`` (ascending)
-        touches."""
-        bounds = np.searchsorted(index, self.offsets).tolist()
-        for i, piece in enumerate(self.arrays):
-            start, stop = bounds[i], bounds[i + 1]
-            if stop > start:
-                local = index[start:stop]
-                if self.offsets[i]:
-                    local = local - self.offsets[i]
-                yield piece, local, slice(start, stop)
+        for part, where in self._spans(start, start + values.size):
+            part[...] = values[where]
 
     def take(self, index: np.ndarray) -> np.ndarray:
         """The elements at ``index`` (ascending)."""
@@ -92,8 +97,8 @@ class Pieces:
             gathered: np.ndarray = self.arrays[0][index]
             return gathered
         out = np.empty(index.size, np.float32)
-        for piece, local, where in self._split(index):
-            out[where] = piece[local]
+        for i, local, where in split_sorted(index, self.offsets):
+            out[where] = self.arrays[i][local]
         return out
 
     def put(self, index: np.ndarray, values: np.ndarray) -> None:
@@ -101,8 +106,8 @@ class Pieces:
         if len(self.arrays) == 1:
             self.arrays[0][index] = values
             return
-        for piece, local, where in self._split(index):
-            piece[local] = values[where]
+        for i, local, where in split_sorted(index, self.offsets):
+            self.arrays[i][local] = values[where]
 
     def strided(self, offset: int, stride: int) -> np.ndarray:
         """A copy of the elements ``offset, offset + stride, ...`` (``vector[offset::stride]``)."""

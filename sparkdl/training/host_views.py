@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from sparkdl.compression.pieces import split_sorted
+
 __all__ = ["HostViews", "aligned_empty", "read_no_copy", "shared_tensor", "writable"]
 
 
@@ -84,7 +86,7 @@ class HostViews:
         """One aliasing read per variable (eager, or inside a graph: then return them)."""
         return [read_no_copy(v) for v in self.variables]
 
-    def _view(self, i: int, read: tf.Tensor) -> np.ndarray:
+    def _view(self, i: int, read: tf.Tensor | np.ndarray) -> np.ndarray:
         """The writable view of variable ``i``'s buffer, which ``read`` aliases."""
         array = np.asarray(read)
         address = array.ctypes.data
@@ -107,12 +109,11 @@ class HostViews:
         since the last TensorFlow write to the variables (else read now)."""
         if reads is None:
             reads = self.reads()
-        bounds = np.searchsorted(index, offsets).tolist()
-        for i, read in enumerate(reads):  # the reads keep the buffers alive while we write
-            start, stop = bounds[i], bounds[i + 1]
-            if stop > start:
-                view = self._view(i, read)
-                local = index[start:stop]
-                if offsets[i]:
-                    local = local - offsets[i]
-                view[local] += values[start:stop]
+        # the reads keep the buffers alive while we write
+        for i, local, where in split_sorted(index, offsets):
+            self._view(i, reads[i])[local] += values[where]
+
+    def views(self, reads: Sequence[tf.Tensor | np.ndarray]) -> list[np.ndarray]:
+        """Writable flat views of every variable's buffer, which ``reads`` (one aliasing
+        read per variable, kept alive while the views are used) share."""
+        return [self._view(i, read) for i, read in enumerate(reads)]

@@ -29,7 +29,8 @@ from sparkdl.compression.memory import PiecewiseMemory
 from sparkdl.compression.pieces import Pieces
 from sparkdl.compression.threshold import ResidualPostProcessor
 from sparkdl.training.exchange import all_finite
-from sparkdl.training.host_views import read_no_copy, writable
+from sparkdl.training.host_views import HostViews, read_no_copy
+from sparkdl.training.variables import FlatVariables
 
 __all__ = ["UpdateMemory", "UpdateVariables", "fallback_reason"]
 
@@ -180,8 +181,10 @@ class UpdateMemory(PiecewiseMemory):
                  post_processor: ResidualPostProcessor | None = None) -> None:
         if not updates.accumulate:
             raise ValueError("the update variables must accumulate (accumulate=True)")
-        super().__init__(sum(int(np.prod(v.shape)) for v in updates.variables), post_processor)
+        self._flat = FlatVariables(updates.variables)
+        super().__init__(self._flat.size, post_processor)
         self.updates = updates
+        self._views = HostViews(updates.variables)
         self._pieces: Pieces | None = None
         self._reads: list[Any] | None = None
 
@@ -189,7 +192,7 @@ class UpdateMemory(PiecewiseMemory):
         """Take ``reads``: aliasing reads of the variables (numpy or tensors) since their last
         write, whose buffers :meth:`pieces` hands out until :meth:`release`."""
         self._reads = list(reads)  # they keep the buffers alive while we write through views
-        self._pieces = Pieces([writable(np.asarray(read)) for read in self._reads])
+        self._pieces = Pieces(self._views.views(self._reads))
 
     def release(self) -> None:
         """Drop the held reads (before TensorFlow writes the variables again: a buffer
@@ -198,20 +201,14 @@ class UpdateMemory(PiecewiseMemory):
 
     def pieces(self) -> Pieces:
         if self._pieces is None:
-            self.hold([read_no_copy(v) for v in self.updates.variables])
+            self.hold(self._views.reads())
         assert self._pieces is not None
         return self._pieces
 
     def get_residual(self) -> np.ndarray:
-        if self.num_elements == 0:
-            return np.zeros(0, np.float32)
-        return np.concatenate([np.reshape(v.numpy(), -1) for v in self.updates.variables])
+        return self._flat.read()
 
     def set_residual(self, value: np.ndarray) -> None:
         value = self._checked(value)
         self.release()
-        start = 0
-        for variable in self.updates.variables:
-            size = int(np.prod(variable.shape))
-            variable.assign(value[start:start + size].reshape(variable.shape))
-            start += size
+        self._flat.assign(value)

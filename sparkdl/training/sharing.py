@@ -92,21 +92,19 @@ class GradientSharingExchange(UpdateExchange):
         # Fused on the host, threshold-encoded, without loss scaling: the residual lives in U
         # (the optimizer adds each update to it; the host encodes it in place).
         self._memory: UpdateMemory | None = None
-        self._holder: ThresholdCompressor | None = None  # the compressor, when U is its memory
         if self.fallback_reason is None:
             host = not any("GPU" in variable_device(v).upper() for v in variables)
             if host and not self._on_device and all(v.dtype == "float32" for v in variables):
                 self._views = HostViews(variables)
-            if (hold_residual and self._views is not None and self.loss_scale is None
+            hold = (hold_residual and self._views is not None and self.loss_scale is None
                     and isinstance(compressor, ThresholdCompressor)
-                    and type(compressor.memory) is HostMemory):
-                self._holder = compressor
+                    and type(compressor.memory) is HostMemory)
             with self._placement():
-                self._updates = UpdateVariables(self.optimizer, variables,
-                                                accumulate=self._holder is not None)
-            if self._holder is not None:
+                self._updates = UpdateVariables(self.optimizer, variables, accumulate=hold)
+            if hold:
+                assert isinstance(compressor, ThresholdCompressor)
                 self._memory = UpdateMemory(self._updates)
-                self._holder.hold_residual_in(self._memory)
+                compressor.hold_residual_in(self._memory)
         else:
             self._shared = [
                 tf.Variable(v, trainable=False, name=f"shared_{i}")
@@ -238,10 +236,11 @@ class GradientSharingExchange(UpdateExchange):
         self._reads = None
 
     def encode(self, update: Any, step: int) -> tuple[bytes, Any]:
-        if self._holder is None or self._memory is None:
+        if self._memory is None:
             return self.compressor.compress(update, step)
+        assert isinstance(self.compressor, ThresholdCompressor)  # it holds U as its memory
         try:
-            return self._holder.compress_held(step)
+            return self.compressor.compress_held(step)
         finally:
             self._memory.release()  # before the next step's graph adds to U
 
