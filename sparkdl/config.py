@@ -86,6 +86,13 @@ class ClusterConfig(_Section):
         "allgather, tree broadcast, halving-doubling allreduce: log2 N steps); 'auto' the "
         "log-depth ones for small messages at 4 ranks or more (tcp transport only)",
     )
+    cpu_affinity: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="pin each training task's threads to cores of its own among those its "
+        "host's training tasks share: 'auto' when they fill those cores exactly (tasks x "
+        "task_cpus = cores, one task per core), 'on' whenever they fit, 'off' never "
+        "(sparkdl.cpus; restored after the task)",
+    )
     task_cpus: int | None = Field(
         default=None, ge=1,
         description="CPU cores each training task asks for: with task_gpus, a ResourceProfile "

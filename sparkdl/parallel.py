@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkdl.comm import MESH_MODES, create_communicator
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
+from sparkdl.cpus import check_mode, current_cpus, plan_cores
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.gpu import pin_gpus, round_robin
 from sparkdl.main_guard import unguarded_main_line
@@ -43,11 +44,13 @@ class ParallelWrapper(KerasFit):
         gpus_per_worker: int = 0,
         devices: Sequence[str] | None = None,
         mesh: str = "plain",
+        cpu_affinity: str = "auto",
     ) -> None:
         """``gpus_per_worker`` > 0 pins each worker process to that many of ``devices`` (GPU ids;
         default: this process's ``CUDA_VISIBLE_DEVICES``), taken round-robin by rank, before
         TensorFlow loads in it. ``mesh``: the collectives, as ``cluster.mesh``
-        (``plain | mesh | auto``)."""
+        (``plain | mesh | auto``). ``cpu_affinity``: each worker on cores of its own, as
+        ``cluster.cpu_affinity`` (``auto | on | off``, see :mod:`sparkdl.cpus`)."""
         if transport not in ("tcp", "spark"):
             raise ConfigurationError(f"transport must be 'tcp' or 'spark', got {transport!r}")
         self.model = model
@@ -62,6 +65,7 @@ class ParallelWrapper(KerasFit):
         if mesh == "mesh" and transport != "tcp":
             raise ConfigurationError(f"mesh 'mesh' needs transport 'tcp', not {transport!r}")
         self.mesh = mesh
+        self.cpu_affinity = check_mode(cpu_affinity)
         if devices is None and gpus_per_worker > 0:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
             devices = [d for d in visible.split(",") if d.strip()] if visible else None
@@ -128,7 +132,7 @@ class _ProcessLauncher:
                     target=_worker_process,
                     args=(spec, rank, world, server.address, secret, wrapper.transport,
                           wrapper.timeout_s, results_queue, wrapper.wire_integrity,
-                          wrapper.worker_gpus(rank), wrapper.mesh),
+                          wrapper.worker_gpus(rank), wrapper.mesh, wrapper.cpu_affinity),
                     daemon=True,
                 )
                 for rank in range(world)
@@ -183,10 +187,14 @@ def _worker_process(
     wire_integrity: str = "none",
     gpus: list[str] | None = None,
     mesh: str = "plain",
+    cpu_affinity: str = "off",
 ) -> None:
     try:
         pin_gpus(gpus, role="parallel")  # before anything imports TensorFlow
         from sparkdl.training.task import run_task
+
+        # every worker is a child of this machine's driver process: all see the same cores
+        cores = plan_cores(current_cpus(), rank, world_size, spec.threads, cpu_affinity)
 
         def communicator() -> Any:
             exchange = store_exchange(address, rank, world_size, secret=secret,
@@ -196,7 +204,7 @@ def _worker_process(
                 wire_integrity=wire_integrity, mesh=mesh,
             )
 
-        result = run_task(spec, communicator, secret=secret, gpus=gpus)
+        result = run_task(spec, communicator, secret=secret, gpus=gpus, cores=cores)
         results_queue.put(("ok", result))
     except BaseException as exc:  # report every failure to the parent, then exit non-zero
         results_queue.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))

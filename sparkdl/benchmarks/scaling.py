@@ -62,7 +62,9 @@ Performance model (all parameters measured in the same run, none fitted to the c
   that many bytes then leave at full speed.
 * ``S_p(w)``: waiting for the slowest rank, which a fit with communication off does not
   show: ``E[max over ranks of p steps] / p - E[step]``, drawn from each rank's step
-  durations in the compute-only fit's timeline (the ranks independent). Those ranks run
+  durations in the compute-only fit's timeline (the ranks independent; where a host has
+  fewer cores than ranks, its ranks take turns on them, and the draws are the hosts' mean
+  step durations instead, :func:`host_step_seconds`). Those ranks run
   free; where a step waits on the link (``W_link``, the wire term's link part), every rank
   leaves the collective together with its CPU idle and starts the next step in lockstep
   (fair share of the cores), so the spread is absorbed: ``S_eff = max(0, S - W_link)``.
@@ -212,6 +214,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                                 timeline=f"file://{workdir}/timeline-compute-{wph}")
                 compute[wph] = measured["step_s"]
                 steps_of_ranks[wph] = rank_step_seconds(measured["timeline"])
+                if wph > len(cluster.hosts[0].cpus or os.sched_getaffinity(0)):
+                    # a host's ranks take turns on its cores: the hosts wait for each other
+                    steps_of_ranks[wph] = host_step_seconds(steps_of_ranks[wph],
+                                                            measured["hosts"])
                 print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
                       f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms", file=sys.stderr,
                       flush=True)
@@ -676,6 +682,21 @@ def rank_step_seconds(traces: list[str]) -> list[list[float]]:
         per_rank.append([e["dur"] / 1e6 for e in events
                          if e["name"] == "step" and e["args"]["epoch"] > 0])
     return [steps for steps in per_rank if steps]
+
+
+def host_step_seconds(steps_of_ranks: list[list[float]],
+                      hosts_of_ranks: list[str]) -> list[list[float]]:
+    """Per host, the mean over its ranks of each step's duration. Ranks that outnumber
+    their host's cores take turns on them, so one rank's slow step is another's fast one;
+    what the hosts wait for each other is the spread of these means, not of single ranks."""
+    by_host: dict[str, list[list[float]]] = {}
+    for steps, host in zip(steps_of_ranks, hosts_of_ranks):
+        by_host.setdefault(host, []).append(steps)
+    means = []
+    for ranks in by_host.values():
+        count = min(len(steps) for steps in ranks)
+        means.append([float(v) for v in np.mean([steps[:count] for steps in ranks], axis=0)])
+    return means
 
 
 def straggler_seconds(steps_of_ranks: list[list[float]], period: int = 1,

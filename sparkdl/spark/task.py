@@ -79,6 +79,7 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
          cluster: dict[str, Any], secret: bytes) -> Any:
     from sparkdl.comm import create_communicator
     from sparkdl.comm.network import parse_port_range
+    from sparkdl.cpus import current_cpus, local_group, plan_cores, sharing_key
     from sparkdl.gpu import pin_gpus, task_gpu_addresses
     from sparkdl.training.task import run_task
 
@@ -88,6 +89,13 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
     host = address.rsplit(":", 1)[0]
     with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)
+    cores = None
+    affinity = cluster.get("cpu_affinity", "auto")
+    if affinity != "off":  # the same on every rank: all take part in this allGather or none
+        cpus = current_cpus()
+        key = sharing_key(host, cpus)
+        keys = list(context.allGather(key)) if world > 1 else [key]
+        cores = plan_cores(cpus, *local_group(keys, rank), spec.threads, affinity)
 
     def communicator() -> Any:
         return create_communicator(
@@ -101,4 +109,4 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
             host_id=host,
         )
 
-    return run_task(spec, communicator, secret=secret, gpus=gpus)
+    return run_task(spec, communicator, secret=secret, gpus=gpus, cores=cores)

@@ -4,7 +4,10 @@ The master runs in the root network namespace on a bridge address; each worker (
 in its own network namespace, joined to the bridge by a veth pair, with its own IP, an optional
 token-bucket rate limit (``tc tbf``) on its link in both directions, and its own ``/dev/shm``
 (a private tmpfs in a mount namespace), so nothing is shared between hosts but the filesystem
-(where the data lives) and the wire. Fake GPUs come from a resource discovery script.
+(where the data lives) and the wire. Each host's processes run on cores of their own, an
+equal share of the machine's, when there are at least as many cores as hosts: workers that
+share cores are woken onto each other's and slow each other down, which real hosts never do.
+Fake GPUs come from a resource discovery script.
 
 Command line (needs root or CAP_NET_ADMIN + CAP_SYS_ADMIN)::
 
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +76,31 @@ class Host:
     ip: str
     link: str  # the bridge-side veth (the namespace side is ``eth0``)
     pid: int | None = None
+    cpus: list[int] | None = None  # the cores its processes run on (None: every core)
+
+
+@contextlib.contextmanager
+def _on_cores(cpus: list[int] | None) -> Iterator[None]:
+    """Children started inside run on ``cpus``: they inherit the starting thread's cores,
+    which are set for the block only (this thread only: Linux's masks are per thread)."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def host_cpus(cpus: list[int], hosts: int) -> list[list[int] | None]:
+    """Each host's own share of ``cpus`` (consecutive, equal, the remainder unused), or
+    ``None`` for every host when there are fewer cores than hosts."""
+    share = len(cpus) // hosts
+    if share == 0:
+        return [None] * hosts
+    return [sorted(cpus)[i * share:(i + 1) * share] for i in range(hosts)]
 
 
 def rate_bits_per_s(rate: str | None) -> float | None:
@@ -129,6 +158,9 @@ class NetCluster:
         worker_memory: ``SPARK_WORKER_MEMORY`` of each worker.
         shm_size: size of each host's private ``/dev/shm``.
         timeout_s: bound on every wait (master up, workers registered).
+        own_cores: give each host's processes (its worker, executors, Python workers) cores
+            of their own, an equal share of this process's, as real hosts have; when there
+            are fewer cores than hosts, every host runs on every core.
     """
 
     def __init__(
@@ -146,6 +178,7 @@ class NetCluster:
         master_port: int = 7077,
         webui_port: int = 8080,
         timeout_s: float = 120.0,
+        own_cores: bool = True,
     ) -> None:
         if not 1 <= hosts <= 200:
             raise NetClusterError(f"hosts: expected 1..200, got {hosts}")
@@ -166,8 +199,11 @@ class NetCluster:
         self.worker_memory = worker_memory
         self.shm_size = shm_size
         self.timeout_s = float(timeout_s)
+        cores = (host_cpus(sorted(os.sched_getaffinity(0)), hosts)
+                 if own_cores and hasattr(os, "sched_getaffinity") else [None] * hosts)
         self.hosts = [
-            Host(i, f"{name}-h{i}", f"{subnet}.{11 + i}", f"{name}-h{i}b") for i in range(hosts)
+            Host(i, f"{name}-h{i}", f"{subnet}.{11 + i}", f"{name}-h{i}b", cpus=cores[i])
+            for i in range(hosts)
         ]
         self.master_pid: int | None = None
 
@@ -255,11 +291,13 @@ class NetCluster:
         """Run ``argv`` inside host ``host``'s network and mount namespaces (bounded:
         ``timeout`` defaults to ``timeout_s``)."""
         kwargs.setdefault("timeout", self.timeout_s)
-        return subprocess.run(self._enter(host) + list(argv), **kwargs)
+        with _on_cores(self.hosts[host].cpus):
+            return subprocess.run(self._enter(host) + list(argv), **kwargs)
 
     def popen(self, host: int, argv: list[str], **kwargs: Any) -> subprocess.Popen:
-        """Start ``argv`` inside host ``host``'s namespaces."""
-        return subprocess.Popen(self._enter(host) + list(argv), **kwargs)
+        """Start ``argv`` inside host ``host``'s namespaces, on its cores."""
+        with _on_cores(self.hosts[host].cpus):
+            return subprocess.Popen(self._enter(host) + list(argv), **kwargs)
 
     def set_rate(self, rate: str | None) -> None:
         """Change every host link's ``tc tbf`` limit (both directions) on the running cluster;
@@ -421,8 +459,10 @@ class NetCluster:
         (self.state_dir / "conf").mkdir(exist_ok=True)
         return env
 
-    def _spawn(self, argv: list[str], log: Path, env: dict[str, str]) -> int:
-        with open(log, "ab") as out:
+    def _spawn(self, argv: list[str], log: Path, env: dict[str, str],
+               cpus: list[int] | None = None) -> int:
+        """Start ``argv`` in its own session, on ``cpus`` when given."""
+        with open(log, "ab") as out, _on_cores(cpus):
             process = subprocess.Popen(
                 argv,
                 stdout=out,
@@ -500,7 +540,8 @@ class NetCluster:
             str(work),
             self.master_url,
         ]
-        host.pid = self._spawn(argv, self.state_dir / f"worker-h{host.index}.log", env)
+        host.pid = self._spawn(argv, self.state_dir / f"worker-h{host.index}.log", env,
+                               cpus=host.cpus)
         self._save_state()
 
     def _wait_for_workers(self) -> None:

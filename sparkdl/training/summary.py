@@ -22,6 +22,7 @@ class WorkerResult:
     resumed_from: str | None = None
     executor_address: str = "local"
     timeline: str | None = None  # URI of this rank's Chrome trace
+    cpus: list[int] | None = None  # the cores it was pinned to (sparkdl.cpus); None: not pinned
     model_bytes: bytes | None = field(default=None, repr=False)  # rank 0 only
 
 
@@ -63,6 +64,7 @@ class FitMetrics(Mapping[str, object]):
     elastic_events: list[dict[str, object]] | None = None  # an elastic fit's relaunches
     shuffle: str | None = None  # the fit's shuffle mode (global, window, none)
     rows_dropped_per_epoch: int | None = None  # rows no worker reads in an epoch
+    worker_cpus: list[list[int] | None] | None = None  # each rank's pinned cores, if any was
 
     @property
     def compression_ratio(self) -> float | None:
@@ -79,7 +81,7 @@ class FitMetrics(Mapping[str, object]):
         """``metrics.json``'s keys, in their order; absent optional figures left out."""
         document = {f.name: getattr(self, f.name) for f in fields(self)}
         optional = ("timeline", "final_train_accuracy", "elastic_events", "shuffle",
-                    "rows_dropped_per_epoch")
+                    "rows_dropped_per_epoch", "worker_cpus")
         extra = {name: document.pop(name) for name in optional}
         document.pop("steady_bytes_per_step")
         if extra["timeline"]:
@@ -92,7 +94,7 @@ class FitMetrics(Mapping[str, object]):
                 document[name] = getattr(self, name)
         if extra["elastic_events"] is not None:
             document["elastic_events"] = extra["elastic_events"]
-        for name in ("shuffle", "rows_dropped_per_epoch"):
+        for name in ("shuffle", "rows_dropped_per_epoch", "worker_cpus"):
             if extra[name] is not None:
                 document[name] = extra[name]
         return document
@@ -162,6 +164,7 @@ def summarize_fit(
         steady_bytes_per_step=sum(loop.steady_bytes_sent or loop.bytes_sent for loop in loops)
         / world / timed,
         timeline=[r.timeline for r in results if r.timeline] or None,
+        worker_cpus=[r.cpus for r in results] if any(r.cpus for r in results) else None,
         final_train_accuracy=last.get("accuracy"),
     )
 

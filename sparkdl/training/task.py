@@ -23,14 +23,20 @@ def run_task(
     *,
     secret: bytes,
     gpus: Sequence[str] | None = None,
+    cores: Sequence[int] | None = None,
 ) -> WorkerResult:
-    """One worker: configure TensorFlow for its cores and GPUs (already pinned by the
-    launcher, before TensorFlow loaded), open the communicator, train, close it."""
+    """One worker: run on ``cores`` (every thread; restored after, see :mod:`sparkdl.cpus`),
+    configure TensorFlow for its threads and GPUs (the GPUs already pinned by the launcher,
+    before TensorFlow loaded), open the communicator, train, close it."""
+    from sparkdl.cpus import pinned
     from sparkdl.training.worker import configure_tensorflow, run_worker
 
-    configure_tensorflow(spec.threads, list(gpus) if gpus else None)
-    comm = communicator_factory()
-    try:
-        return run_worker(spec, comm, secret=secret)
-    finally:
-        comm.close()
+    with pinned(cores) as cpus:
+        configure_tensorflow(spec.threads, list(gpus) if gpus else None)
+        comm = communicator_factory()
+        try:
+            result = run_worker(spec, comm, secret=secret)
+        finally:
+            comm.close()
+    result.cpus = cpus
+    return result

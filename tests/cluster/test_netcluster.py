@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -64,6 +65,20 @@ def test_harness_hosts_links_and_shm(cluster):
         assert not os.path.exists(name)
     finally:
         cluster.exec(0, ["rm", "-f", name])
+
+    # each host runs on cores of its own (an equal share of the machine's), as real hosts do:
+    # its worker JVM, and every process started in it
+    mine = os.sched_getaffinity(0)
+    if len(mine) >= HOSTS:
+        owned = [set(h.cpus or ()) for h in cluster.hosts]
+        assert all(owned) and not owned[0] & owned[1], owned
+        for host in cluster.hosts:
+            assert sorted(os.sched_getaffinity(host.pid)) == host.cpus
+            out = cluster.exec(host.index, [sys.executable, "-c",
+                                            "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, check=True).stdout
+            assert out.strip() == str(host.cpus)
+    assert os.sched_getaffinity(0) == mine  # starting them left this process's cores alone
 
     # the links are rate-limited: 4 MB over 100 Mbit/s takes at least 0.32 s
     seconds = cluster.transfer_seconds(0, 1, 4 << 20)

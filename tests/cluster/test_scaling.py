@@ -16,6 +16,7 @@ from sparkdl.benchmarks.scaling import (
     Cell,
     bruck_link_bytes,
     bucket_bytes,
+    host_step_seconds,
     predict,
     rate_schedule,
     ring_crossings,
@@ -124,6 +125,15 @@ def test_straggler_seconds_is_what_the_slowest_rank_adds():
     assert straggler_seconds([[0.01, 0.03], [0.01, 0.03]]) == pytest.approx(0.005, abs=6e-4)
     # meeting every 5 steps averages the spread out
     assert straggler_seconds([[0.01, 0.03], [0.01, 0.03]], period=5) < 0.004
+
+
+def test_ranks_taking_turns_on_a_hosts_cores_straggle_as_their_host():
+    # two ranks on one core alternate slow and fast steps: the host's step is steady
+    ranks = [[0.01, 0.03, 0.01], [0.03, 0.01, 0.03, 0.05], [0.02, 0.02, 0.02]]
+    hosts = host_step_seconds(ranks, ["h0", "h0", "h1"])
+    assert hosts == [pytest.approx([0.02] * 3), pytest.approx([0.02] * 3)]
+    assert straggler_seconds(hosts) == pytest.approx(0.0, abs=1e-12)
+    assert straggler_seconds(ranks) > 0.004
 
 
 def test_predict_absorbs_the_straggler_spread_while_every_rank_waits_on_the_link():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkdl.cpus import current_cpus
 from sparkdl.errors import ConfigurationError
 from sparkdl.parallel import ParallelWrapper
 from sparkdl.training.masters import SharedTrainingMaster
@@ -18,11 +19,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_parallel_wrapper_trains_with_identical_replicas(digits_shards, make_mlp):
     wrapper = ParallelWrapper(make_mlp([8, 8, 1], 10), SharedTrainingMaster(num_workers=2),
-                              timeout_s=60)
+                              timeout_s=60, cpu_affinity="on")
     fit = wrapper.fit(digits_shards["train"], epochs=6)
     assert fit.metrics["replicas_identical"] is True
     assert fit.metrics["steady_compression_ratio"] >= 20
     assert fit.history["accuracy"][-1] > 0.9
+    cpus = current_cpus()
+    if len(cpus) >= 2:  # each worker ran on a core of its own
+        assert fit.metrics["worker_cpus"] == [[cpus[0]], [cpus[1]]]
 
 
 @pytest.mark.slow
@@ -41,10 +45,13 @@ def test_mesh_collectives_train_the_same_bits_as_the_ring(digits_shards, make_ml
     assert fits["mesh"].metrics["bytes_per_step"] != fits["plain"].metrics["bytes_per_step"]
 
 
-def test_parallel_wrapper_refuses_a_bad_mesh_mode(make_mlp):
+def test_parallel_wrapper_refuses_a_bad_mesh_or_cpu_affinity_mode(make_mlp):
     with pytest.raises(ConfigurationError, match="mesh: expected one of"):
         ParallelWrapper(make_mlp([8, 8, 1], 10), SharedTrainingMaster(num_workers=2),
                         mesh="tree")
+    with pytest.raises(ConfigurationError, match=r"cpu_affinity: expected one of.*'always'"):
+        ParallelWrapper(make_mlp([8, 8, 1], 10), SharedTrainingMaster(num_workers=2),
+                        cpu_affinity="always")
 
 
 UNGUARDED_SCRIPT = """\

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sparkdl import (
@@ -12,6 +14,7 @@ from sparkdl import (
 )
 from sparkdl.compression import AdaptiveThreshold
 from sparkdl.config import ClusterConfig
+from sparkdl.cpus import current_cpus
 from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError, DataError
 
@@ -59,18 +62,28 @@ def test_averaging_reaches_accuracy(spark, digits_shards, model_for):
 
 
 def test_spark_rpc_transport_gives_the_same_model_as_tcp(spark, digits_shards, model_for):
-    """Training is deterministic for a seed, so both transports must end bit-identical."""
+    """Training is deterministic for a seed, so both transports must end bit-identical, and
+    so must a fit whose tasks are pinned to cores of their own (``cluster.cpu_affinity``)."""
     checksums = {}
-    for transport in ("tcp", "spark"):
+    fits = {}
+    for transport, affinity in (("tcp", "on"), ("spark", "off")):
         tm = SharedTrainingMaster(batch_size_per_worker=32, num_workers=2)
         spark_model = SparkModel(
             spark, model_for(digits_shards["train"]), tm,
-            cluster=ClusterConfig(transport=transport),
+            cluster=ClusterConfig(transport=transport, cpu_affinity=affinity),
         )
-        fit = spark_model.fit(digits_shards["train"], epochs=1)
+        fits[transport] = fit = spark_model.fit(digits_shards["train"], epochs=1)
         checksums[transport] = fit.workers[0].checksum
         assert fit.metrics["replicas_identical"] is True
     assert checksums["tcp"] == checksums["spark"]
+    cpus = current_cpus()
+    if len(cpus) >= 2:  # local[2]: both tasks' Python workers share this machine's cores
+        assert sorted(fits["tcp"].metrics["worker_cpus"]) == [[cpus[0]], [cpus[1]]]
+    assert fits["spark"].metrics.worker_cpus is None
+    # Spark reuses its Python workers: the next tasks run on every core again
+    after = spark.sparkContext.parallelize(range(2), 2).map(
+        lambda _: sorted(os.sched_getaffinity(0))).collect()
+    assert after == [cpus, cpus]
 
 
 def test_dense_baseline_and_predict(spark, digits_shards, model_for):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkdl.testing.netcluster import NetCluster, NetClusterError, rate_bits_per_s
+from sparkdl.testing.netcluster import NetCluster, NetClusterError, host_cpus, rate_bits_per_s
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,6 +23,14 @@ def test_rates():
     assert rate_bits_per_s(None) is None and rate_bits_per_s("none") is None
     with pytest.raises(NetClusterError, match=r"rate: expected a tc rate like '100mbit'.*'fast'"):
         rate_bits_per_s("fast")
+
+
+def test_each_host_gets_an_equal_share_of_the_cores_when_there_are_enough():
+    assert host_cpus([0, 1], 2) == [[0], [1]]
+    assert host_cpus([3, 1, 2, 0, 4], 2) == [[0, 1], [2, 3]]  # the remainder unused
+    assert host_cpus([0, 1], 3) == [None, None, None]  # fewer cores than hosts: all share
+    hosts = NetCluster(2, 2, own_cores=False).hosts
+    assert [h.cpus for h in hosts] == [None, None]
 
 
 def test_bad_arguments():
