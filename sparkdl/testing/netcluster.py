@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkdl.cpus import plan_cores
 from sparkdl.errors import SparkDLError
 
 DEFAULT_NAME = "sdl"
@@ -95,12 +96,11 @@ def _on_cores(cpus: list[int] | None) -> Iterator[None]:
 
 
 def host_cpus(cpus: list[int], hosts: int) -> list[list[int] | None]:
-    """Each host's own share of ``cpus`` (consecutive, equal, the remainder unused), or
-    ``None`` for every host when there are fewer cores than hosts."""
+    """Each host's own share of ``cpus`` (consecutive, equal, the remainder unused), as
+    :func:`sparkdl.cpus.plan_cores` gives workers theirs; ``None`` for every host when there
+    are fewer cores than hosts (and for one host that would get them all)."""
     share = len(cpus) // hosts
-    if share == 0:
-        return [None] * hosts
-    return [sorted(cpus)[i * share:(i + 1) * share] for i in range(hosts)]
+    return [plan_cores(cpus, i, hosts, share, "on") if share else None for i in range(hosts)]
 
 
 def rate_bits_per_s(rate: str | None) -> float | None:
