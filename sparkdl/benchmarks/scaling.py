@@ -68,6 +68,14 @@ Performance model (all parameters measured in the same run, none fitted to the c
   free; where a step waits on the link (``W_link``, the wire term's link part), every rank
   leaves the collective together with its CPU idle and starts the next step in lockstep
   (fair share of the cores), so the spread is absorbed: ``S_eff = max(0, S - W_link)``.
+  Where the machine has more workers than cores (``s > 1``), ranks that restart together
+  each step share the cores fairly, so the free-running spread overstates the wait, but
+  each also waits for the last to be scheduled, which the free-running fit never shows.
+  There ``S`` is measured instead by a lockstep fit, sharing with a threshold no element
+  reaches (each step one allgather of message headers):
+  ``S = max(0, T_lockstep - C(w) - (T_lockstep1 - T_0) · s - (N-1) · H)``
+  (:func:`lockstep_seconds`), once per point where every rank waits for all others
+  (PowerSGD has two: its allreduces of P, then Q), ``/ f`` for averaging.
 * ``hops · H``: sequential messages per step (``2(N-1)`` for a ring allreduce, ``N-1`` for the
   allgather, ``2(N-1)/f`` for averaging) times the fixed cost of one hop: ``F(w)``, the ring's
   own per-hop cost measured on the cluster by the barrier-stage probe (50 allgathers of 64
@@ -108,7 +116,12 @@ INPUT_DIM, HIDDEN, CLASSES = 256, 4096, 10
 BATCH = 32
 ROWS = 1280  # 20 steps per epoch with 2 workers, 10 with 4 (a multiple of the averaging f)
 AVERAGING_FREQUENCY = 5
+COMPUTE_EPOCHS = 6  # the compute-only fit: a warm-up epoch, then the steps C and S come from
 SPARSITY = 1e-3
+#: The lockstep fit's threshold: no element reaches it, so each step sends a message's header
+LOCKSTEP_TAU = 1e30
+#: Points per step where every rank waits for every other (PowerSGD allreduces P, then Q)
+SYNC_POINTS = {"powersgd": 2}
 SMALL_COLLECTIVES = 50  # 64-byte allgathers the ring probe times
 LARGE_COLLECTIVES = 5  # allreduces of the model's size the ring probe times
 DENSE_FLOATS = INPUT_DIM * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
@@ -197,6 +210,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         cpu_by_wph: dict[int, dict[str, float]] = {}
         cells: dict[str, Cell] = {}
         compute: dict[int, list[float]] = {}
+        lockstep: dict[int, list[float]] = {}
+        oversubscribed: dict[int, bool] = {}
         steps_of_ranks: dict[int, list[list[float]]] = {}
         uri = None
         probes: dict[int, list[dict[str, Any]]] = {}
@@ -207,10 +222,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 cluster.set_rate(None)
                 probes[wph] = shm_links(spark, wph * HOSTS)
                 # each mode's CPU work, measured around this block's cells (the same load)
-                before, ratios = measure_exchange_cpu(("compute", *modes))
+                before, ratios = measure_exchange_cpu(("compute", "lockstep", *modes))
                 if not cpu:
                     cpu, cpu_ratios = before, ratios
-                measured = _fit(spark, cluster, uri, "compute", wph, [None] * 3,
+                measured = _fit(spark, cluster, uri, "compute", wph, [None] * COMPUTE_EPOCHS,
                                 timeline=f"file://{workdir}/timeline-compute-{wph}")
                 compute[wph] = measured["step_s"]
                 steps_of_ranks[wph] = rank_step_seconds(measured["timeline"])
@@ -218,9 +233,16 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                     # a host's ranks take turns on its cores: the hosts wait for each other
                     steps_of_ranks[wph] = host_step_seconds(steps_of_ranks[wph],
                                                             measured["hosts"])
+                # more workers than the machine's cores: ranks take turns on them, and the
+                # straggler term comes from a fit whose ranks meet every step
+                oversubscribed[wph] = cpu_share(wph * HOSTS) > 1.0
+                if oversubscribed[wph]:
+                    lockstep[wph] = _fit(spark, cluster, uri, "lockstep", wph,
+                                         [None] * COMPUTE_EPOCHS)["step_s"]
                 print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
-                      f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms", file=sys.stderr,
-                      flush=True)
+                      f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms" + (
+                          f", in lockstep {statistics.median(lockstep[wph][1:]) * 1e3:.1f} ms"
+                          if wph in lockstep else ""), file=sys.stderr, flush=True)
                 for index in range(len(modes)):
                     mode = modes[(index + wph - 1) % len(modes)]  # rotate the order
                     measured = _fit(spark, cluster, uri, mode, wph, schedule)
@@ -229,7 +251,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                                                 Cell(rate, wph, mode))
                         _record(cell, measured, epoch)
                     _progress(cells, mode, wph, rates, started)
-                after, _ = measure_exchange_cpu(("compute", *modes))
+                after, _ = measure_exchange_cpu(("compute", "lockstep", *modes))
                 cpu_by_wph[wph] = {m: (before[m] + after[m]) / 2 for m in before}
             cluster.set_rate(None)
     finally:
@@ -240,20 +262,28 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 cluster.set_rate(original_rate)  # as it was before the benchmark
     compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
     hop_s = {wph: fixed_hop_seconds(p) for wph, p in probes.items()}
+    # what meeting every step costs beyond the CPU work and the hops, with nothing to send
+    sync_s = {wph: lockstep_seconds(statistics.median(lockstep[wph][1:]), compute_s[wph],
+                                    cpu_by_wph[wph], cpu_share(wph * HOSTS),
+                                    hop_s[wph] * hops_per_step("sharing", wph * HOSTS))
+              for wph in lockstep}
     unlimited = links[_rate_name(None)]
     byte_s = {wph: ring_seconds_per_byte(p, hop_s[wph], unlimited) for wph, p in probes.items()}
     for cell in cells.values():
         if not cell.missing:
             wph = cell.workers_per_host
             cost = cpu_by_wph[wph]
-            share = max(1.0, wph * HOSTS / (os.cpu_count() or 1))
+            share = cpu_share(wph * HOSTS)
             mode_compute = compute_s[wph] + (cost[cell.mode] - cost["compute"]) * share
             link = links[_rate_name(cell.rate)]
             period = AVERAGING_FREQUENCY if cell.mode == "averaging" else 1
+            if oversubscribed[wph]:  # the ranks share cores and restart each step together
+                jitter = sync_s[wph] * SYNC_POINTS.get(cell.mode, 1) / period
+            else:
+                jitter = straggler_seconds(steps_of_ranks[wph], period)
             predict(cell, mode_compute, codec, link,
                     hop_s=hop_s[wph] + max(0.0, link["latency_s"] - unlimited["latency_s"]),
-                    ring_byte_s=byte_s[wph],
-                    jitter_s=straggler_seconds(steps_of_ranks[wph], period),
+                    ring_byte_s=byte_s[wph], jitter_s=jitter,
                     bucket_bytes=bucket_bytes(cell.rate))
     figures = _figures(cells, compute_s, codec, links, repeats, schedule)
     figures["load_average_by_cell"] = {c.key: c.load for c in cells.values() if c.load}
@@ -263,6 +293,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     figures["fixed_hop_s"] = {f"{w}x{HOSTS}": h for w, h in hop_s.items()}
     figures["straggler_s"] = {f"{w}x{HOSTS}": straggler_seconds(r, 1)
                               for w, r in steps_of_ranks.items()}
+    figures["lockstep_step_s"] = {f"{w}x{HOSTS}": statistics.median(v[1:])
+                                  for w, v in lockstep.items()}
+    figures["lockstep_wait_s"] = {f"{w}x{HOSTS}": v for w, v in sync_s.items()}
+    figures["oversubscribed"] = {f"{w}x{HOSTS}": v for w, v in oversubscribed.items()}
     figures["ring_seconds_per_byte"] = {f"{w}x{HOSTS}": b for w, b in byte_s.items()}
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
@@ -365,12 +399,15 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     """Seconds per step of each mode's exchange in this process with a one-rank communicator
     (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated;
     also each mode's paired ratio to ``compute`` (the plain train step), when measured.
+    Averaging's steps include ``1/f`` of the host side of an average (reading the parameters
+    and optimizer state and setting them again), which one rank alone would skip.
     ``model``: ``scaling`` (256 -> Dense 4096 -> 10, batch 32) or ``lenet`` (28x28x1, batch
     32)."""
     import secrets
 
     from sparkdl.benchmarks.report import alternate_samples
     from sparkdl.comm import create_communicator
+    from sparkdl.training.averaging import ParameterAveragingExchange
     from sparkdl.training.worker import configure_tensorflow
 
     configure_tensorflow(1)
@@ -385,12 +422,21 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     build = _model if model == "scaling" else _lenet
     exchanges = {mode: _master(mode, 1).create_exchange(build(), comm, job_id=1)
                  for mode in modes}
+    # averaging's rounds: the host side of one average (a one-rank communicator skips it)
+    rounds = {f"{mode} round": exchange for mode, exchange in exchanges.items()
+              if mode == "averaging" and isinstance(exchange, ParameterAveragingExchange)}
     try:
         for exchange in exchanges.values():
             exchange.metrics.build(x, y)
         samples = alternate_samples(
-            {mode: (lambda e=e: e.step(x, y, next(counter))) for mode, e in exchanges.items()},
+            {**{mode: (lambda e=e: e.step(x, y, next(counter)))
+                for mode, e in exchanges.items()},
+             **{name: (lambda e=e: e.replace_by(lambda flat: flat)) for name, e in rounds.items()}},
             repeats=repeats, warmup=3)
+        for name, exchange in rounds.items():  # a round every f steps: its share of a step
+            mode = name.removesuffix(" round")
+            samples[mode] = [step + average / exchange.averaging_frequency
+                             for step, average in zip(samples[mode], samples.pop(name))]
         for exchange in exchanges.values():
             exchange.finish()
             exchange.close()
@@ -499,7 +545,7 @@ def _model() -> Any:
 
 
 def _master(mode: str, num_workers: int) -> Any:
-    from sparkdl.compression import TargetSparsityThreshold
+    from sparkdl.compression import FixedThreshold, TargetSparsityThreshold
     from sparkdl.training.masters import (
         DenseTrainingMaster,
         ParameterAveragingTrainingMaster,
@@ -517,6 +563,8 @@ def _master(mode: str, num_workers: int) -> Any:
                                     **extra)
     if mode == "averaging":
         return ParameterAveragingTrainingMaster(**common, averaging_frequency=AVERAGING_FREQUENCY)
+    if mode == "lockstep":  # every step meets the others, with nothing to send
+        return SharedTrainingMaster(**common, threshold=FixedThreshold(LOCKSTEP_TAU))
     if mode == "compute":  # communication off: never averages inside the epochs
         return ParameterAveragingTrainingMaster(**common, averaging_frequency=10**9)
     return DenseTrainingMaster(**common)
@@ -713,6 +761,22 @@ def straggler_seconds(steps_of_ranks: list[list[float]], period: int = 1,
     return max(0.0, float(np.mean(draws.max(axis=0))) / period - mean)
 
 
+def cpu_share(workers: int) -> float:
+    """``s``: how many one-thread workers share each of the machine's cores (at least 1)."""
+    return max(1.0, workers / (os.cpu_count() or 1))
+
+
+def lockstep_seconds(step_s: float, compute_s: float, cpu: dict[str, float], share: float,
+                     hops_s: float) -> float:
+    """What meeting every step adds where ranks share cores: the lockstep fit's step
+    (sharing with nothing to send) less the compute-only step, the CPU work that sharing
+    adds (``cpu``: per mode, one rank, stretched by ``share`` as in the cells) and its hops'
+    fixed cost. The free-running spread overstates it there: ranks that restart together
+    share the cores fairly, but every one waits for the last to be scheduled."""
+    added = (cpu["lockstep"] - cpu["compute"]) * share
+    return max(0.0, step_s - compute_s - added - hops_s)
+
+
 def bucket_bytes(rate: str | None) -> float:
     """The token bucket of the harness's ``tc tbf`` at ``rate`` (bytes; 0 when unlimited):
     bytes a link sends at full speed after it idled long enough to refill it."""
@@ -792,7 +856,7 @@ def predict(cell: Cell, compute_s: float, codec: dict[str, float],
     slowest rank adds per step (:func:`straggler_seconds`); ``bucket_bytes``: the link's token
     bucket, refilled while the step computes and then sent at full speed."""
     workers = len(cell.hosts_of_ranks) or cell.workers_per_host * HOSTS
-    share = max(1.0, workers / (os.cpu_count() or 1))
+    share = cpu_share(workers)
     sharing = cell.mode.startswith("sharing")  # the N - 1 others' messages to decode
     decode = codec["decode_s"] * (workers - 1) * share if sharing else 0.0
     bytes_per_step = statistics.median(cell.bytes_per_step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -64,13 +65,15 @@ class ParameterAveragingExchange(UpdateExchange):
     def average(self) -> None:
         """Replace parameters (and optimizer state) by their mean over all workers."""
         self._since_average = 0
-        if self.comm.world_size == 1:
-            return
-        self.trainable.assign(self.comm.allreduce(self.trainable.read(), "mean"))
+        if self.comm.world_size > 1:
+            self.replace_by(lambda flat: self.comm.allreduce(flat, "mean"))
+
+    def replace_by(self, reduce: Callable[[np.ndarray], np.ndarray]) -> None:
+        """The host side of one average: read the parameters (and, with ``save_updater``,
+        the optimizer state) as flat vectors, and set them to ``reduce`` of each."""
+        self.trainable.assign_in_place(reduce(self.trainable.read()))
         if self.save_updater and self.optimizer_state.size:
-            self.optimizer_state.assign(
-                self.comm.allreduce(self.optimizer_state.read(), "mean")
-            )
+            self.optimizer_state.assign_in_place(reduce(self.optimizer_state.read()))
 
     def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, bool]:
         """A local optimizer step; nothing to share but the batch (for the score)."""

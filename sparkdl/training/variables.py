@@ -8,6 +8,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from sparkdl.training.device_encoding import variable_device
+from sparkdl.training.host_views import read_no_copy, writable
+
 
 class FlatVariables:
     """Reads and writes a fixed list of float variables as one contiguous float32 vector.
@@ -24,12 +27,17 @@ class FlatVariables:
         self.sizes = [int(np.prod(shape, dtype=np.int64)) for shape in self.shapes]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).tolist()
         self.size = int(self.offsets[-1])
+        self._on_host = all(
+            tf.as_dtype(v.dtype) == tf.float32 and "GPU" not in variable_device(v).upper()
+            for v in self.variables
+        )
 
     def read(self) -> np.ndarray:
         """A new float32 vector holding every variable's current value."""
         out = np.empty(self.size, dtype=np.float32)
         for variable, start, stop in zip(self.variables, self.offsets, self.offsets[1:]):
-            out[start:stop] = np.asarray(variable.numpy(), dtype=np.float32).ravel()
+            # one copy: the read aliases a host variable's buffer (``numpy()`` copies first)
+            out[start:stop] = np.asarray(read_no_copy(variable), dtype=np.float32).ravel()
         return out
 
     def assign(self, flat: np.ndarray) -> None:
@@ -40,6 +48,20 @@ class FlatVariables:
             self.variables, self.shapes, self.offsets, self.offsets[1:]
         ):
             variable.assign(flat[start:stop].reshape(shape).astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
+
+    def assign_in_place(self, flat: np.ndarray) -> None:
+        """As :meth:`assign`, copying straight into the variables' own buffers when every one
+        is a float32 variable on the host (no new buffer per variable, whose fresh pages cost
+        more than the copy); else :meth:`assign`. Only between TensorFlow calls, on variables
+        whose reads nobody else holds (see :mod:`sparkdl.training.host_views`)."""
+        if not self._on_host:
+            self.assign(flat)
+            return
+        if flat.shape != (self.size,):
+            raise ValueError(f"expected a vector of {self.size} elements, got {flat.shape}")
+        reads = [read_no_copy(variable) for variable in self.variables]  # alive while written
+        for read, start, stop in zip(reads, self.offsets, self.offsets[1:]):
+            writable(np.asarray(read).reshape(-1))[:] = flat[start:stop]
 
     def split(self, flat: tf.Tensor) -> list[tf.Tensor]:
         """Split a flat tensor into tensors shaped like the variables (usable in tf.function)."""

@@ -16,7 +16,9 @@ from sparkdl.benchmarks.scaling import (
     Cell,
     bruck_link_bytes,
     bucket_bytes,
+    cpu_share,
     host_step_seconds,
+    lockstep_seconds,
     predict,
     rate_schedule,
     ring_crossings,
@@ -134,6 +136,16 @@ def test_ranks_taking_turns_on_a_hosts_cores_straggle_as_their_host():
     assert hosts == [pytest.approx([0.02] * 3), pytest.approx([0.02] * 3)]
     assert straggler_seconds(hosts) == pytest.approx(0.0, abs=1e-12)
     assert straggler_seconds(ranks) > 0.004
+
+
+def test_lockstep_wait_is_what_the_lockstep_step_holds_beyond_work_and_hops():
+    cpu = {"compute": 0.004, "lockstep": 0.005}
+    # 40 ms in lockstep = 20 ms compute only + 1 ms more work x 4 workers per core + 2 ms of
+    # hops + 14 ms of waiting for the last rank to be scheduled
+    assert lockstep_seconds(0.040, 0.020, cpu, 4.0, 0.002) == pytest.approx(0.014)
+    assert lockstep_seconds(0.020, 0.020, cpu, 1.0, 0.0) == 0.0  # never below nothing
+    assert cpu_share(1) == 1.0
+    assert cpu_share(64 * (os.cpu_count() or 1)) == 64.0
 
 
 def test_predict_absorbs_the_straggler_spread_while_every_rank_waits_on_the_link():
