@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="scaling: the 8-rank cells (4 hosts x 2 workers) instead of the "
                         "2-host grid; workers: how many workers (default 8)")
     parser.add_argument("--png", help="scaling-model: write the extrapolation chart here")
+    parser.add_argument("--harness", action="store_true",
+                        help="workers: fit through Spark on the network-namespace harness "
+                        "(ranks // 2 hosts x 2 workers, 1 Gbit/s links; needs root)")
     args = parser.parse_args(argv)
     try:
         module = import_module(SUITES[args.suite])
@@ -59,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats,
                "cpu_only": args.cpu_only or None, "mesh": args.mesh or None,
-               "ranks": args.ranks, "png": args.png}
+               "ranks": args.ranks, "png": args.png, "harness": args.harness or None}
     figures = module.run({key: value for key, value in options.items() if value is not None})
     figures = {
         "suite": args.suite,

@@ -13,13 +13,21 @@ fit: the test accuracy and its difference to dense in percentage points, the ste
 time, the bytes each worker sends per step and the load average. On a machine with fewer
 cores than workers the step times include the workers' sharing of the cores; the accuracies
 do not depend on it (each fit is deterministic).
+
+``--harness``: the same fits through Spark on the network-namespace harness instead
+(:mod:`sparkdl.testing.netcluster`, root needed): ``N // 2`` hosts x 2 workers, each host its
+own address, ``/dev/shm`` and share of the cores, 1 Gbit/s links; the shards written by the
+pipelines on that cluster; one flat ring (``cluster.topology: flat``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from sparkdl.benchmarks.report import print_table
@@ -27,6 +35,7 @@ from sparkdl.benchmarks.report import print_table
 MODES = ("dense", "sharing", "sharing_mesh", "powersgd", "powersgd_warmup")
 #: model -> (batch per worker, epochs, Adam's learning rate: the default and mnist confs')
 MODELS = {"mlp": (16, 10, 0.002), "lenet": (16, 10, 0.002)}
+HARNESS_RATE = "1gbit"
 
 
 def _shards(spark: Any, root: str, model: str) -> dict[str, Any]:
@@ -68,10 +77,13 @@ def _master(mode: str, batch: int, workers: int, seed: int, steps_per_epoch: int
 
 
 def fit_cell(name: str, mode: str, shards: dict[str, Any], workers: int, seed: int,
-             epochs: int | None = None) -> dict[str, Any]:
-    """One fit: test accuracy, steady ms per step, bytes per worker per step, load."""
+             epochs: int | None = None, spark: Any = None) -> dict[str, Any]:
+    """One fit: test accuracy, steady ms per step, bytes per worker per step, load. With
+    ``spark``, a ``SparkModel`` fit on that session's executors, else local processes."""
+    from sparkdl.config import ClusterConfig
     from sparkdl.data.files import read_metadata
     from sparkdl.parallel import ParallelWrapper
+    from sparkdl.spark_model import SparkModel
 
     batch, default_epochs, learning_rate = MODELS[name]
     epochs = epochs or default_epochs
@@ -79,10 +91,12 @@ def fit_cell(name: str, mode: str, shards: dict[str, Any], workers: int, seed: i
     model = _model(name, meta.feature_shape, meta.num_classes, learning_rate, seed)
     load = os.getloadavg()[0]
     master = _master(mode, batch, workers, seed, meta.num_rows // (batch * workers))
-    fit = ParallelWrapper(model, master, timeout_s=600,
-                          mesh="mesh" if mode == "sharing_mesh" else "plain").fit(
-        shards["train"], epochs=epochs, validation_data=shards["test"],
-        validation_freq=epochs, verbose=0)
+    mesh = "mesh" if mode == "sharing_mesh" else "plain"
+    trainer = (ParallelWrapper(model, master, timeout_s=600, mesh=mesh) if spark is None else
+               SparkModel(spark, model, master, cluster=ClusterConfig(topology="flat",
+                                                                      mesh=mesh)))
+    fit = trainer.fit(shards["train"], epochs=epochs, validation_data=shards["test"],
+                      validation_freq=epochs, verbose=0)
     metrics = fit.metrics
     steady = metrics.get("steady_samples_per_second") or metrics["samples_per_second"]
     return {
@@ -104,27 +118,38 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
 
     workers = int(options.get("ranks") or 8)
     quick = bool(options.get("quick"))
+    harness = bool(options.get("harness"))
     models = ("mlp",) if quick else tuple(MODELS)
     seed = 1
     cells: list[dict[str, Any]] = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sparkdl-workers-") as root:
-        spark = get_spark()
-        try:
-            shards = {name: _shards(spark, root, name) for name in models}
-        finally:
-            spark.stop()
+
+    def fit_all(shards: dict[str, Any], spark: Any = None) -> None:
         for name in models:
             for mode in MODES:
                 cells.append(fit_cell(name, mode, shards[name], workers, seed,
-                                      epochs=2 if quick else None))
+                                      epochs=2 if quick else None, spark=spark))
                 print(f"  {name} {mode}: {cells[-1]['test_accuracy']:.4f} "
                       f"({time.monotonic() - started:.0f} s)", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="sparkdl-workers-") as root:
+        if harness:
+            with _harness_session(root, workers) as spark:
+                fit_all({name: _shards(spark, root, name) for name in models}, spark)
+        else:
+            spark = get_spark()
+            try:
+                shards = {name: _shards(spark, root, name) for name in models}
+            finally:
+                spark.stop()
+            fit_all(shards)
     dense = {c["model"]: c["test_accuracy"] for c in cells if c["mode"] == "dense"}
     for cell in cells:
         cell["vs_dense_pp"] = (cell["test_accuracy"] - dense[cell["model"]]) * 100
+    where = (f"{workers // 2} harness hosts x 2, {HARNESS_RATE} links" if harness
+             else "local processes")
     print_table(
-        f"{workers} workers (local processes, {os.cpu_count()} cores), the same seed, batch "
+        f"{workers} workers ({where}, {os.cpu_count()} cores), the same seed, batch "
         f"and epochs per model; step ms include the workers' sharing of the cores",
         ["model", "mode", "test acc", "vs dense pp", "ms/step", "B/worker/step", "load1"],
         [(c["model"], c["mode"], c["test_accuracy"], c["vs_dense_pp"], c["step_ms"],
@@ -132,4 +157,24 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
          for c in cells])
     worst = {name: min(c["vs_dense_pp"] for c in cells if c["model"] == name)
              for name in models}
-    return {"workers": workers, "cells": cells, "worst_vs_dense_pp": worst}
+    return {"workers": workers, "harness": harness, "cells": cells, "worst_vs_dense_pp": worst}
+
+
+@contextlib.contextmanager
+def _harness_session(root: str, workers: int) -> Iterator[Any]:
+    """A SparkSession on a network-namespace cluster of ``workers // 2`` hosts x 2 workers
+    (brought up here, taken down after)."""
+    from sparkdl.benchmarks.scaling import _session
+    from sparkdl.testing.netcluster import NetCluster, check_privileges
+
+    if workers < 2 or workers % 2:
+        raise ValueError(f"--harness needs an even number of workers, got --ranks {workers}")
+    check_privileges()
+    cluster = NetCluster(workers // 2, 2, rate=HARNESS_RATE, state_dir=Path(root) / "cluster",
+                         name="sdlw", subnet="10.77.7")
+    cluster.up()
+    try:
+        with _session(cluster, 2) as spark:
+            yield spark
+    finally:
+        cluster.down()
