@@ -261,12 +261,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 cluster.set_rate(original_rate)  # as it was before the benchmark
     compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
+    lockstep_s = {wph: statistics.median(v[1:]) for wph, v in lockstep.items()}
     hop_s = {wph: fixed_hop_seconds(p) for wph, p in probes.items()}
     # what meeting every step costs beyond the CPU work and the hops, with nothing to send
-    sync_s = {wph: lockstep_seconds(statistics.median(lockstep[wph][1:]), compute_s[wph],
+    sync_s = {wph: lockstep_seconds(lockstep_s[wph], compute_s[wph],
                                     cpu_by_wph[wph], cpu_share(wph * HOSTS),
                                     hop_s[wph] * hops_per_step("sharing", wph * HOSTS))
-              for wph in lockstep}
+              for wph in lockstep_s}
     unlimited = links[_rate_name(None)]
     byte_s = {wph: ring_seconds_per_byte(p, hop_s[wph], unlimited) for wph, p in probes.items()}
     for cell in cells.values():
@@ -293,8 +294,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     figures["fixed_hop_s"] = {f"{w}x{HOSTS}": h for w, h in hop_s.items()}
     figures["straggler_s"] = {f"{w}x{HOSTS}": straggler_seconds(r, 1)
                               for w, r in steps_of_ranks.items()}
-    figures["lockstep_step_s"] = {f"{w}x{HOSTS}": statistics.median(v[1:])
-                                  for w, v in lockstep.items()}
+    figures["lockstep_step_s"] = {f"{w}x{HOSTS}": v for w, v in lockstep_s.items()}
     figures["lockstep_wait_s"] = {f"{w}x{HOSTS}": v for w, v in sync_s.items()}
     figures["oversubscribed"] = {f"{w}x{HOSTS}": v for w, v in oversubscribed.items()}
     figures["ring_seconds_per_byte"] = {f"{w}x{HOSTS}": b for w, b in byte_s.items()}
@@ -422,21 +422,20 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     build = _model if model == "scaling" else _lenet
     exchanges = {mode: _master(mode, 1).create_exchange(build(), comm, job_id=1)
                  for mode in modes}
-    # averaging's rounds: the host side of one average (a one-rank communicator skips it)
-    rounds = {f"{mode} round": exchange for mode, exchange in exchanges.items()
-              if mode == "averaging" and isinstance(exchange, ParameterAveragingExchange)}
+    candidates = {mode: (lambda e=e: e.step(x, y, next(counter)))
+                  for mode, e in exchanges.items()}
+    # averaging's round: the host side of one average (a one-rank communicator skips it)
+    averaging = exchanges.get("averaging")
+    if isinstance(averaging, ParameterAveragingExchange):
+        candidates["averaging round"] = lambda: averaging.replace_by(lambda flat: flat)
     try:
         for exchange in exchanges.values():
             exchange.metrics.build(x, y)
-        samples = alternate_samples(
-            {**{mode: (lambda e=e: e.step(x, y, next(counter)))
-                for mode, e in exchanges.items()},
-             **{name: (lambda e=e: e.replace_by(lambda flat: flat)) for name, e in rounds.items()}},
-            repeats=repeats, warmup=3)
-        for name, exchange in rounds.items():  # a round every f steps: its share of a step
-            mode = name.removesuffix(" round")
-            samples[mode] = [step + average / exchange.averaging_frequency
-                             for step, average in zip(samples[mode], samples.pop(name))]
+        samples = alternate_samples(candidates, repeats=repeats, warmup=3)
+        if isinstance(averaging, ParameterAveragingExchange):  # a round every f steps
+            rounds = samples.pop("averaging round")
+            samples["averaging"] = [step + average / averaging.averaging_frequency
+                                    for step, average in zip(samples["averaging"], rounds)]
         for exchange in exchanges.values():
             exchange.finish()
             exchange.close()

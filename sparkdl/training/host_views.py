@@ -21,8 +21,16 @@ import numpy as np
 import tensorflow as tf
 
 from sparkdl.compression.pieces import split_sorted
+from sparkdl.training.device_encoding import variable_device
 
-__all__ = ["HostViews", "aligned_empty", "read_no_copy", "shared_tensor", "writable"]
+__all__ = ["HostViews", "aligned_empty", "on_host_float32", "read_no_copy", "shared_tensor",
+           "writable"]
+
+
+def on_host_float32(variables: Sequence[Any]) -> bool:
+    """Whether every variable is float32 and not on a GPU: what :class:`HostViews` needs."""
+    return all(tf.as_dtype(v.dtype) == tf.float32 and "GPU" not in variable_device(v).upper()
+               for v in variables)
 
 
 def read_no_copy(variable: Any) -> tf.Tensor:

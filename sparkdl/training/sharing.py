@@ -17,9 +17,8 @@ from sparkdl.compression.compressor import (
 )
 from sparkdl.compression.memory import HostMemory
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.device_encoding import variable_device
 from sparkdl.training.exchange import UpdateExchange, all_finite
-from sparkdl.training.host_views import HostViews, read_no_copy
+from sparkdl.training.host_views import HostViews, on_host_float32, read_no_copy
 from sparkdl.training.optimizer_update import UpdateMemory, UpdateVariables, fallback_reason
 
 
@@ -93,8 +92,7 @@ class GradientSharingExchange(UpdateExchange):
         # (the optimizer adds each update to it; the host encodes it in place).
         self._memory: UpdateMemory | None = None
         if self.fallback_reason is None:
-            host = not any("GPU" in variable_device(v).upper() for v in variables)
-            if host and not self._on_device and all(v.dtype == "float32" for v in variables):
+            if not self._on_device and on_host_float32(variables):
                 self._views = HostViews(variables)
             hold = (hold_residual and self._views is not None and self.loss_scale is None
                     and isinstance(compressor, ThresholdCompressor)

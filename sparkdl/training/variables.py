@@ -8,8 +8,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from sparkdl.training.device_encoding import variable_device
-from sparkdl.training.host_views import read_no_copy, writable
+from sparkdl.training.host_views import HostViews, on_host_float32, read_no_copy
 
 
 class FlatVariables:
@@ -27,10 +26,7 @@ class FlatVariables:
         self.sizes = [int(np.prod(shape, dtype=np.int64)) for shape in self.shapes]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).tolist()
         self.size = int(self.offsets[-1])
-        self._on_host = all(
-            tf.as_dtype(v.dtype) == tf.float32 and "GPU" not in variable_device(v).upper()
-            for v in self.variables
-        )
+        self._views = HostViews(self.variables) if on_host_float32(self.variables) else None
 
     def read(self) -> np.ndarray:
         """A new float32 vector holding every variable's current value."""
@@ -54,14 +50,14 @@ class FlatVariables:
         is a float32 variable on the host (no new buffer per variable, whose fresh pages cost
         more than the copy); else :meth:`assign`. Only between TensorFlow calls, on variables
         whose reads nobody else holds (see :mod:`sparkdl.training.host_views`)."""
-        if not self._on_host:
+        if self._views is None:
             self.assign(flat)
             return
         if flat.shape != (self.size,):
             raise ValueError(f"expected a vector of {self.size} elements, got {flat.shape}")
-        reads = [read_no_copy(variable) for variable in self.variables]  # alive while written
-        for read, start, stop in zip(reads, self.offsets, self.offsets[1:]):
-            writable(np.asarray(read).reshape(-1))[:] = flat[start:stop]
+        reads = self._views.reads()  # alive while written
+        for view, start, stop in zip(self._views.views(reads), self.offsets, self.offsets[1:]):
+            view[:] = flat[start:stop]
 
     def split(self, flat: tf.Tensor) -> list[tf.Tensor]:
         """Split a flat tensor into tensors shaped like the variables (usable in tf.function)."""
