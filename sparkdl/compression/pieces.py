@@ -109,14 +109,26 @@ class Pieces:
         for i, local, where in split_sorted(index, self.offsets):
             self.arrays[i][local] = values[where]
 
-    def strided(self, offset: int, stride: int) -> np.ndarray:
-        """A copy of the elements ``offset, offset + stride, ...`` (``vector[offset::stride]``)."""
-        parts = []
+    def blocks(self, offset: int, period: int, width: int, count: int) -> np.ndarray:
+        """A copy of ``count`` blocks of ``width`` consecutive elements, the first at
+        ``offset``, one every ``period`` elements, one after the other (each block within the
+        vector; a block may span pieces)."""
+        out = np.empty((count, width), np.float32)
         for piece, low in zip(self.arrays, self.offsets):
-            first = offset if low <= offset else offset + -(-(low - offset) // stride) * stride
-            if first < low + piece.size:
-                parts.append(piece[first - low :: stride])
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+            high = low + piece.size
+            first = max(0, -((offset - low) // period))  # the first block starting in it
+            stop = min(count, (high - width - offset) // period + 1)  # past the last within
+            if stop > first:
+                start = offset + first * period - low
+                out[first:stop] = np.lib.stride_tricks.as_strided(
+                    piece[start:], shape=(stop - first, width),
+                    strides=(period * piece.itemsize, piece.itemsize), writeable=False)
+        for boundary in self.offsets[1:-1]:  # blocks spanning a boundary between pieces
+            i = max(0, (boundary - width - offset) // period + 1)
+            start = offset + i * period
+            if i < count and start < boundary:
+                out[i] = self.read(start, start + width)
+        return out.reshape(-1)
 
     def concatenate(self) -> np.ndarray:
         """A copy of the whole vector."""

@@ -189,11 +189,14 @@ class DeviceThresholdCompressor(ThresholdCompressor):
     # Device graphs ----------------------------------------------------------------------
 
     def _sample_quantile(
-        self, offset: tf.Tensor, stride: tf.Tensor, passing: tf.Tensor
+        self, offset: tf.Tensor, period: tf.Tensor, width: tf.Tensor, count: tf.Tensor,
+        passing: tf.Tensor,
     ) -> tf.Tensor:
-        """The ``passing``-th largest of ``|residual[offset::stride]|`` (== the numpy
+        """The ``passing``-th largest of ``|block_sample(residual, plan)|`` (== the numpy
         ``np.partition`` order statistic)."""
-        sample = tf.abs(self.variable[offset::stride])
+        starts = offset + tf.range(count, dtype=tf.int64) * period
+        index = tf.reshape(starts[:, None] + tf.range(width, dtype=tf.int64)[None, :], [-1])
+        sample = tf.abs(tf.gather(self.variable, index))
         return tf.reduce_min(tf.math.top_k(sample, k=passing, sorted=False).values)
 
     def _encode_graph(self, update: tf.Tensor, t: tf.Tensor, *, add: bool) -> _Message:
@@ -268,13 +271,12 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         n = self.num_elements
         if n == 0:
             return th.tau
-        offset, stride, passing = th.sample_plan(n, step)
+        plan = th.sample_plan(n, step)
         with self.device_memory.placement():
             value = float(
                 self._quantile_fn(
-                    tf.constant(offset, tf.int64),
-                    tf.constant(stride, tf.int64),
-                    tf.constant(passing, tf.int32),
+                    *(tf.constant(v, tf.int64) for v in plan[:4]),
+                    tf.constant(plan.passing, tf.int32),
                 )
             )
         return th.accept_quantile(value)

@@ -20,8 +20,10 @@ from sparkdl.compression.threshold import (
     FixedThreshold,
     ResidualClipping,
     ResidualPostProcessor,
+    SamplePlan,
     ShakeUp,
     TargetSparsityThreshold,
+    block_sample,
 )
 from sparkdl.errors import ConfigurationError
 
@@ -75,16 +77,23 @@ def test_encoding_pieces_gives_the_message_and_residual_of_the_whole(
 
 @settings(max_examples=60, deadline=None)
 @given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
-       offset=st.integers(0, 50), stride=st.integers(1, 30), seed=st.integers(0, 2**16))
-def test_strided_take_put_and_read_address_the_concatenation(
-    sizes: list[int], offset: int, stride: int, seed: int
+       offset=st.integers(0, 50), stride=st.integers(1, 30), width=st.integers(1, 30),
+       seed=st.integers(0, 2**16))
+def test_blocks_take_put_and_read_address_the_concatenation(
+    sizes: list[int], offset: int, stride: int, width: int, seed: int
 ) -> None:
     rng = np.random.default_rng(seed)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in sizes]
     pieces = Pieces(arrays)
     whole = _joined(arrays)
     assert pieces.size == whole.size
-    assert pieces.strided(offset, stride).tobytes() == whole[offset::stride].tobytes()
+    period = max(stride, width)
+    count = max(0, (whole.size - offset - width) // period + 1)
+    expected = [whole[offset + i * period:offset + i * period + width] for i in range(count)]
+    plan = SamplePlan(offset, period, width, count, 1)
+    assert pieces.blocks(offset, period, width, count).tobytes() == b"".join(
+        block.tobytes() for block in expected)
+    assert block_sample(whole, plan).tobytes() == pieces.blocks(*plan[:4]).tobytes()
     assert pieces.concatenate().tobytes() == whole.tobytes()
     index = np.flatnonzero(rng.random(whole.size) < 0.4)
     assert pieces.take(index).tobytes() == whole[index].tobytes()

@@ -144,6 +144,20 @@ def test_long_run_switches_encodings_like_the_host(algorithm: str) -> None:
         assert seen == {"sparse", "bitmap"}
 
 
+@pytest.mark.parametrize("n", [300_001, 2_500_003])
+def test_target_sparsity_samples_the_same_blocks_as_the_host(n: int) -> None:
+    """Vectors large enough that the sample is blocks, not the whole vector (4 of every 16
+    elements at 300,001; 16 of every 608 at 2,500,003): the same tau, frames and residual."""
+    rng = np.random.default_rng(n)
+    host, dev = _pair(n, lambda: TargetSparsityThreshold(sparsity=1e-3, initial=1e-2))
+    plan = host.threshold.sample_plan(n, 0)
+    assert plan.blocks > 1 and plan.blocks * plan.width < n
+    for step in range(3):
+        update = (rng.standard_normal(n) * rng.choice([1e-3, 1e-1], n)).astype(np.float32)
+        _check_step(host, dev, update, step)
+    assert host.threshold.tau == dev.threshold.tau
+
+
 @pytest.mark.parametrize("count", [4, 5])
 def test_encoding_switch_point_counts_candidates(count: int) -> None:
     # n = 64: the bitmap is 16 bytes, so up to 4 sparse entries (16 bytes) stay sparse.
