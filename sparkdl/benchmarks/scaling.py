@@ -49,9 +49,15 @@ Performance model (all parameters measured in the same run, none fitted to the c
 * ``k``: ring edges ``r -> r+1`` that leave (or enter) the busiest host: only edges between
   hosts use a rate-limited link; ranks on one host share their host's link. The placement of
   ranks on hosts comes from the fit's executor addresses. Topology: one flat ring.
-* ``R``: the link's goodput, measured in the run by a TCP transfer between two hosts
-  (``NetCluster.transfer_seconds``) at each rate: it includes TCP/IP framing and, for the
-  unlimited link, the kernel's copy cost.
+* ``R``: the link's goodput under the ring's own traffic, where every host sends and receives
+  at once: the bytes the ring probe's allreduces of the model's size put on the busiest
+  host's link, over their time (the slowest rank's median) less the hops' fixed cost and
+  ``ρ`` (below), at each limited rate (:func:`ring_goodput`). Two opposite TCP transfers at
+  once get less than one alone (at 100 Mbit/s here 7.4 against 12.3 MB/s each), and a ring
+  sends both ways for part of each collective, so its rate lies between the two. For the
+  unlimited link, and where the probe did not run, ``R`` is the goodput of one TCP transfer
+  between two hosts (``NetCluster.transfer_seconds``), which includes TCP/IP framing and the
+  kernel's copy cost.
 * ``ρ``: the ring's own cost per byte a rank sends beyond the wire (copying into and out of
   its buffers, summing chunks, framing), from the same probe: 5 allreduces of a vector of the
   model's size at the unlimited rate, the slowest rank's median, less the hops' fixed cost
@@ -124,6 +130,7 @@ LOCKSTEP_TAU = 1e30
 SYNC_POINTS = {"powersgd": 2}
 SMALL_COLLECTIVES = 50  # 64-byte allgathers the ring probe times
 LARGE_COLLECTIVES = 5  # allreduces of the model's size the ring probe times
+RATE_COLLECTIVES = 3  # the same at each limited rate (the ring's goodput)
 DENSE_FLOATS = INPUT_DIM * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
 # ``--ranks N``: N // 2 hosts x 2 workers, one warm-up epoch and one per rate (twice)
 RANKS_MODES = ("sharing", "sharing_mesh", "dense", "powersgd")
@@ -215,12 +222,19 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         steps_of_ranks: dict[int, list[list[float]]] = {}
         uri = None
         probes: dict[int, list[dict[str, Any]]] = {}
+        ring_probes: dict[int, dict[str, list[dict[str, Any]]]] = {}
         schedule = rate_schedule(rates, repeats)
         for wph in per_host:
             with _session(cluster, wph) as spark:
                 uri = uri or _write_data(spark, workdir)
                 cluster.set_rate(None)
                 probes[wph] = shm_links(spark, wph * HOSTS)
+                for rate in rates:  # the link's goodput under the ring's own traffic
+                    if rate is not None:
+                        cluster.set_rate(rate)
+                        ring_probes.setdefault(wph, {})[rate] = shm_links(
+                            spark, wph * HOSTS, small=False, large=RATE_COLLECTIVES)
+                cluster.set_rate(None)
                 # each mode's CPU work, measured around this block's cells (the same load)
                 before, ratios = measure_exchange_cpu(("compute", "lockstep", *modes))
                 if not cpu:
@@ -270,13 +284,20 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
               for wph in lockstep_s}
     unlimited = links[_rate_name(None)]
     byte_s = {wph: ring_seconds_per_byte(p, hop_s[wph], unlimited) for wph, p in probes.items()}
+    ring_rate = {wph: {rate: ring_goodput(p, hop_s[wph] + max(
+                           0.0, links[rate]["latency_s"] - unlimited["latency_s"]), byte_s[wph])
+                       for rate, p in by_rate.items()}
+                 for wph, by_rate in ring_probes.items()}
     for cell in cells.values():
         if not cell.missing:
             wph = cell.workers_per_host
             cost = cpu_by_wph[wph]
             share = cpu_share(wph * HOSTS)
             mode_compute = compute_s[wph] + (cost[cell.mode] - cost["compute"]) * share
-            link = links[_rate_name(cell.rate)]
+            link = dict(links[_rate_name(cell.rate)])
+            goodput = ring_rate.get(wph, {}).get(_rate_name(cell.rate))
+            if goodput:
+                link["bytes_per_s"] = goodput
             period = AVERAGING_FREQUENCY if cell.mode == "averaging" else 1
             if oversubscribed[wph]:  # the ranks share cores and restart each step together
                 jitter = sync_s[wph] * SYNC_POINTS.get(cell.mode, 1) / period
@@ -298,10 +319,12 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     figures["lockstep_wait_s"] = {f"{w}x{HOSTS}": v for w, v in sync_s.items()}
     figures["oversubscribed"] = {f"{w}x{HOSTS}": v for w, v in oversubscribed.items()}
     figures["ring_seconds_per_byte"] = {f"{w}x{HOSTS}": b for w, b in byte_s.items()}
+    figures["ring_goodput_bytes_per_s"] = {f"{w}x{HOSTS}": r for w, r in ring_rate.items()}
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    shm_used_between_hosts=any(shm_between_hosts(p) for p in probes.values()),
                    ring_links={f"{w}x{HOSTS}": p for w, p in probes.items()},
                    cluster_seconds=round(time.time() - started, 1))
+    _print_ring_goodput(links, ring_rate)
     _print_cells(cells, figures)
     return figures
 
@@ -632,9 +655,12 @@ def _record(cell: Cell, measured: dict[str, Any], epoch: int) -> None:
     cell.load = os.getloadavg()[0]
 
 
-def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
+def shm_links(spark: Any, num_workers: int, small: bool = True,
+              large: int = LARGE_COLLECTIVES) -> list[dict[str, Any]]:
     """Build the TCP ring in a barrier stage exactly as a fit does, and report for each rank
-    its host and whether its links (prev -> me, me -> next) use shared memory."""
+    its host, whether its links (prev -> me, me -> next) use shared memory, and the median
+    time of ``SMALL_COLLECTIVES`` 64-byte allgathers (with ``small``) and of ``large``
+    allreduces of the model's size."""
     import secrets
 
     from sparkdl.comm import create_communicator
@@ -653,23 +679,23 @@ def shm_links(spark: Any, num_workers: int) -> list[dict[str, Any]]:
         try:
             comm.allreduce(np.ones(1 << 18, np.float32))
             shm_in, shm_out = getattr(comm, "shared_memory", (False, False))
-            small = []
-            for _ in range(SMALL_COLLECTIVES):  # the ring's fixed cost per collective
+            small_s = []
+            for _ in range(SMALL_COLLECTIVES if small else 0):  # its fixed cost per collective
                 started = time.perf_counter()
                 comm.allgather(b"x" * 64)
-                small.append(time.perf_counter() - started)
-            large, gradient = [], np.ones(DENSE_FLOATS, np.float32)
+                small_s.append(time.perf_counter() - started)
+            large_s, gradient = [], np.ones(DENSE_FLOATS, np.float32)
             sent_before = comm.counters.bytes_sent
-            for _ in range(LARGE_COLLECTIVES):  # its cost per byte: copies and sums
+            for _ in range(large):  # its cost per byte: copies and sums (and the link's)
                 started = time.perf_counter()
                 comm.allreduce(gradient)
-                large.append(time.perf_counter() - started)
-            sent = (comm.counters.bytes_sent - sent_before) / LARGE_COLLECTIVES
+                large_s.append(time.perf_counter() - started)
+            sent = (comm.counters.bytes_sent - sent_before) / large
         finally:
             comm.close()
         yield {"rank": rank, "host": host, "shm_in": shm_in, "shm_out": shm_out,
-               "small_allgather_s": statistics.median(small),
-               "large_allreduce_s": statistics.median(large), "large_allreduce_bytes": sent}
+               **({"small_allgather_s": statistics.median(small_s)} if small_s else {}),
+               "large_allreduce_s": statistics.median(large_s), "large_allreduce_bytes": sent}
 
     def probe_task(batches: Iterator[Any]) -> Iterator[Any]:
         import pickle
@@ -710,6 +736,21 @@ def ring_seconds_per_byte(links: list[dict[str, Any]], hop_s: float,
     hops = 2.0 * (len(links) - 1)
     wire = ring_crossings([link["host"] for link in links]) * sent / unlimited["bytes_per_s"]
     return max(0.0, seconds - hops * hop_s - wire) / sent
+
+
+def ring_goodput(links: list[dict[str, Any]], hop_s: float, byte_s: float) -> float | None:
+    """The link's goodput (bytes/s) under the ring's own traffic, from the probe's
+    allreduces of the model's size at a limited rate: the bytes that cross the busiest host's
+    link, over the slowest rank's median less its hops' fixed cost (``hop_s`` each, the
+    rate's latency included) and the ring's own cost per byte (``byte_s``). None when there
+    is nothing to go by."""
+    if not links or "large_allreduce_s" not in links[0]:
+        return None
+    sent = max(link["large_allreduce_bytes"] for link in links)
+    on_link = ring_crossings([link["host"] for link in links]) * sent
+    seconds = max(link["large_allreduce_s"] for link in links)
+    busy = seconds - 2.0 * (len(links) - 1) * hop_s - sent * byte_s
+    return on_link / busy if on_link > 0 and busy > 0 else None
 
 
 def shm_between_hosts(links: list[dict[str, Any]]) -> bool:
@@ -949,6 +990,16 @@ def _print_links(links: dict[str, dict[str, float]]) -> None:
                 ["rate", "MB/s", "latency ms"],
                 [(name, v["bytes_per_s"] / 1e6, v["latency_s"] * 1e3)
                  for name, v in links.items()])
+
+
+def _print_ring_goodput(links: dict[str, dict[str, float]],
+                        ring_rate: dict[int, dict[str, float | None]]) -> None:
+    rows = [(f"{rate} {wph}x{HOSTS}", links[rate]["bytes_per_s"] / 1e6,
+             goodput / 1e6 if goodput else "-")
+            for wph, by_rate in ring_rate.items() for rate, goodput in by_rate.items()]
+    if rows:
+        print_table("link goodput (MB/s): one TCP transfer, and under the ring's allreduces",
+                    ["link", "one transfer", "ring"], rows)
 
 
 def _print_cells(cells: dict[str, Cell], figures: dict[str, Any]) -> None:

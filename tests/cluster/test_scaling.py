@@ -22,6 +22,7 @@ from sparkdl.benchmarks.scaling import (
     predict,
     rate_schedule,
     ring_crossings,
+    ring_goodput,
     shm_between_hosts,
     straggler_seconds,
 )
@@ -67,6 +68,9 @@ def test_quick_scaling_benchmark_reports_every_cell(tmp_path):
         assert set(cell["terms"]) >= {"compute_s", "wire_s", "latency_s"}, name
     assert figures["sharing_compression"] > 1
     assert figures["model_error_max"] is not None
+    # the 100 Mbit/s link's goodput under the ring's traffic: measured, and below the rate
+    ring = figures["ring_goodput_bytes_per_s"]["1x2"]["100mbit"]
+    assert 1e6 < ring < 12.5e6, ring
 
 
 def test_ring_crossings_counts_edges_between_hosts():
@@ -146,6 +150,19 @@ def test_lockstep_wait_is_what_the_lockstep_step_holds_beyond_work_and_hops():
     assert lockstep_seconds(0.020, 0.020, cpu, 1.0, 0.0) == 0.0  # never below nothing
     assert cpu_share(1) == 1.0
     assert cpu_share(64 * (os.cpu_count() or 1)) == 64.0
+
+
+def test_ring_goodput_is_the_busiest_links_bytes_over_the_allreduces_own_link_time():
+    # 2 ranks on 2 hosts each send 4 MB per allreduce of 0.5 s: 2 hops of 10 ms and 1 s/GB
+    # of the ring's own cost (4 ms) leave 476 ms for the 4 MB each host's link carries
+    links = [{"host": host, "large_allreduce_s": seconds, "large_allreduce_bytes": 4e6}
+             for host, seconds in (("a", 0.5), ("b", 0.45))]
+    assert ring_goodput(links, 0.010, 1e-9) == pytest.approx(4e6 / 0.476)
+    # 4 ranks placed a, a, b, b: one ring edge leaves each host
+    four = [{**links[0], "host": host} for host in "aabb"]
+    assert ring_goodput(four, 0.010, 0.0) == pytest.approx(4e6 / 0.44)
+    assert ring_goodput([{"host": "a", "small_allgather_s": 0.001}], 0.01, 0.0) is None
+    assert ring_goodput(links, 1.0, 0.0) is None  # nothing left for the bytes
 
 
 def test_predict_absorbs_the_straggler_spread_while_every_rank_waits_on_the_link():
