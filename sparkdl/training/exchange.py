@@ -157,6 +157,7 @@ class UpdateExchange(abc.ABC):
                 extra = self._decode_apply(received, sent_step, watch)
                 extra["exchange_s"] = in_flight.busy_s
             in_flight.submit(lambda: (self.communicate(message, step), step))
+            watch.lap("communicate_s")  # and handing this step's message to the thread
         return StepResult(loss=float(loss), timings=watch.timings, extra=extra)
 
     def _accumulate(self, gradient: Any) -> np.ndarray | None:
