@@ -189,12 +189,12 @@ class DeviceThresholdCompressor(ThresholdCompressor):
     # Device graphs ----------------------------------------------------------------------
 
     def _sample_quantile(
-        self, offset: tf.Tensor, period: tf.Tensor, width: tf.Tensor, count: tf.Tensor,
+        self, offset: tf.Tensor, period: tf.Tensor, width: tf.Tensor, blocks: tf.Tensor,
         passing: tf.Tensor,
     ) -> tf.Tensor:
         """The ``passing``-th largest of ``|block_sample(residual, plan)|`` (== the numpy
         ``np.partition`` order statistic)."""
-        starts = offset + tf.range(count, dtype=tf.int64) * period
+        starts = offset + tf.range(blocks, dtype=tf.int64) * period
         index = tf.reshape(starts[:, None] + tf.range(width, dtype=tf.int64)[None, :], [-1])
         sample = tf.abs(tf.gather(self.variable, index))
         return tf.reduce_min(tf.math.top_k(sample, k=passing, sorted=False).values)
@@ -275,7 +275,8 @@ class DeviceThresholdCompressor(ThresholdCompressor):
         with self.device_memory.placement():
             value = float(
                 self._quantile_fn(
-                    *(tf.constant(v, tf.int64) for v in plan[:4]),
+                    *(tf.constant(v, tf.int64)
+                      for v in (plan.offset, plan.period, plan.width, plan.blocks)),
                     tf.constant(plan.passing, tf.int32),
                 )
             )

@@ -93,7 +93,8 @@ def test_blocks_take_put_and_read_address_the_concatenation(
     plan = SamplePlan(offset, period, width, count, 1)
     assert pieces.blocks(offset, period, width, count).tobytes() == b"".join(
         block.tobytes() for block in expected)
-    assert block_sample(whole, plan).tobytes() == pieces.blocks(*plan[:4]).tobytes()
+    assert block_sample(whole, plan).tobytes() == pieces.blocks(offset, period, width,
+                                                                count).tobytes()
     assert pieces.concatenate().tobytes() == whole.tobytes()
     index = np.flatnonzero(rng.random(whole.size) < 0.4)
     assert pieces.take(index).tobytes() == whole[index].tobytes()
