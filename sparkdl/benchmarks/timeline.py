@@ -169,9 +169,9 @@ def render_step(paths: Sequence[str | Path], out: str | Path, step: int | None =
 
 #: Span names in colour order: the same span has the same colour in every picture.
 KNOWN_SPANS = ("step", "data wait", "exchange", "compute", "encode", "communicate", "decode",
-               "apply", "allgather", "allreduce", "broadcast", "barrier", "overlapped exchange",
-               "event channel", "validation", "checkpoint", "end epoch", "epoch figures",
-               "finish", "score")
+               "apply", "hand-off", "allgather", "allreduce", "broadcast", "barrier",
+               "overlapped exchange", "event channel", "validation", "checkpoint", "end epoch",
+               "epoch figures", "finish", "score")
 
 
 def _colour_order(name: str) -> tuple[int, str]:

@@ -157,7 +157,7 @@ class UpdateExchange(abc.ABC):
                 extra = self._decode_apply(received, sent_step, watch)
                 extra["exchange_s"] = in_flight.busy_s
             in_flight.submit(lambda: (self.communicate(message, step), step))
-            watch.lap("communicate_s")  # and handing this step's message to the thread
+            watch.lap("communicate_s", span="hand-off")  # this step's message to the thread
         return StepResult(loss=float(loss), timings=watch.timings, extra=extra)
 
     def _accumulate(self, gradient: Any) -> np.ndarray | None:
@@ -404,8 +404,10 @@ class Stopwatch:
         self.timings: dict[str, float] = {}
         self._last = time.perf_counter()
 
-    def lap(self, name: str) -> None:
+    def lap(self, name: str, span: str | None = None) -> None:
+        """Add the time since the last lap to ``name``; the timeline's span is ``span``
+        (default: ``name`` without ``_s``)."""
         now = time.perf_counter()
         self.timings[name] = self.timings.get(name, 0.0) + now - self._last
-        timeline.record(name.removesuffix("_s"), self._last, now)
+        timeline.record(span or name.removesuffix("_s"), self._last, now)
         self._last = now

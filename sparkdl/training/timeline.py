@@ -9,7 +9,8 @@ of the fit, or with what it recorded when the fit fails. Open the files in ``chr
 Where the spans come from: the worker loop (:mod:`sparkdl.training.loop`: ``epoch``,
 ``step``, ``data wait``, ``exchange``, each callback), the exchange's phases
 (:class:`~sparkdl.training.exchange.Stopwatch` laps: ``compute``, ``encode``,
-``communicate``, ``decode``, ``apply``) and every collective with the bytes it moved
+``communicate``, ``decode``, ``apply``; with overlap ``hand-off``, a step's message handed
+to the exchange thread, counted in ``communicate_s``) and every collective with the bytes it moved
 (:class:`TracedCommunicator`). Time inside a span not covered by its children is Python
 time between them.
 

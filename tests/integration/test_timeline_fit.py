@@ -53,9 +53,11 @@ def _check_steps(events: list[dict], overlap: bool) -> None:
         assert _children(step, events) == ["data wait", "exchange", "event channel"]
         exchange = next(e for e in events if e["name"] == "exchange" and _inside(e, step))
         phases = _children(exchange, events)
-        if overlap:  # the previous step's result is received after this step's encode
+        if overlap:  # the previous step's result is received after this step's encode,
+            # then this step's message is handed to the exchange thread
             assert phases[:2] == ["compute", "encode"], phases
-            assert phases[2:] in ([], ["communicate", "decode", "apply"]), phases
+            assert phases[2:] in (["hand-off"],
+                                  ["communicate", "decode", "apply", "hand-off"]), phases
         else:
             assert phases == ["compute", "encode", "communicate", "decode", "apply"]
             communicate = next(e for e in events
