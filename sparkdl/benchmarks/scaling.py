@@ -722,19 +722,27 @@ def fixed_hop_seconds(links: list[dict[str, Any]]) -> float:
     return max((link.get("small_allgather_s", 0.0) for link in links), default=0.0) / hops
 
 
+def _slowest_allreduce(links: list[dict[str, Any]]) -> tuple[float, float, float] | None:
+    """From the probe's allreduces of the model's size: the bytes a rank sent, the slowest
+    rank's median seconds, and the bytes on the busiest host's link (None: not measured)."""
+    if not links or "large_allreduce_s" not in links[0]:
+        return None
+    sent = max(link["large_allreduce_bytes"] for link in links)
+    seconds = max(link["large_allreduce_s"] for link in links)
+    return sent, seconds, ring_crossings([link["host"] for link in links]) * sent
+
+
 def ring_seconds_per_byte(links: list[dict[str, Any]], hop_s: float,
                           unlimited: dict[str, float]) -> float:
     """The ring's own cost per byte a rank sends (copies, sums, framing) beyond the wire,
     from the probe's allreduces of the model's size at the unlimited rate: the slowest rank's
     median, less its hops' fixed cost and the bytes' time on the unlimited link."""
-    if not links or "large_allreduce_s" not in links[0]:
+    measured = _slowest_allreduce(links)
+    if measured is None or measured[0] <= 0:
         return 0.0
-    sent = max(link["large_allreduce_bytes"] for link in links)
-    if sent <= 0:
-        return 0.0
-    seconds = max(link["large_allreduce_s"] for link in links)
+    sent, seconds, on_link = measured
     hops = 2.0 * (len(links) - 1)
-    wire = ring_crossings([link["host"] for link in links]) * sent / unlimited["bytes_per_s"]
+    wire = on_link / unlimited["bytes_per_s"]
     return max(0.0, seconds - hops * hop_s - wire) / sent
 
 
@@ -744,11 +752,10 @@ def ring_goodput(links: list[dict[str, Any]], hop_s: float, byte_s: float) -> fl
     link, over the slowest rank's median less its hops' fixed cost (``hop_s`` each, the
     rate's latency included) and the ring's own cost per byte (``byte_s``). None when there
     is nothing to go by."""
-    if not links or "large_allreduce_s" not in links[0]:
+    measured = _slowest_allreduce(links)
+    if measured is None:
         return None
-    sent = max(link["large_allreduce_bytes"] for link in links)
-    on_link = ring_crossings([link["host"] for link in links]) * sent
-    seconds = max(link["large_allreduce_s"] for link in links)
+    sent, seconds, on_link = measured
     busy = seconds - 2.0 * (len(links) - 1) * hop_s - sent * byte_s
     return on_link / busy if on_link > 0 and busy > 0 else None
 

@@ -13,7 +13,17 @@ import numpy as np
 
 from sparkdl.errors import ConfigurationError
 
-__all__ = ["Pieces", "split_sorted"]
+__all__ = ["Pieces", "block_view", "split_sorted"]
+
+
+def block_view(vector: np.ndarray, offset: int, period: int, width: int,
+               count: int) -> np.ndarray:
+    """A read-only ``(count, width)`` view of the 1-D ``vector``: row ``i`` holds the
+    ``width`` consecutive elements from ``offset + i * period`` (all within ``vector``)."""
+    itemsize = vector.strides[0]
+    return np.lib.stride_tricks.as_strided(
+        vector[offset:], shape=(count, width), strides=(period * itemsize, itemsize),
+        writeable=False)
 
 
 def split_sorted(index: np.ndarray, offsets: Sequence[int]
@@ -119,10 +129,8 @@ class Pieces:
             first = max(0, -((offset - low) // period))  # the first block starting in it
             stop = min(count, (high - width - offset) // period + 1)  # past the last within
             if stop > first:
-                start = offset + first * period - low
-                out[first:stop] = np.lib.stride_tricks.as_strided(
-                    piece[start:], shape=(stop - first, width),
-                    strides=(period * piece.itemsize, piece.itemsize), writeable=False)
+                out[first:stop] = block_view(piece, offset + first * period - low, period,
+                                             width, stop - first)
         for boundary in self.offsets[1:-1]:  # blocks spanning a boundary between pieces
             i = max(0, (boundary - width - offset) // period + 1)
             start = offset + i * period

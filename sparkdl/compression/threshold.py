@@ -20,7 +20,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 
-from sparkdl.compression.pieces import Pieces
+from sparkdl.compression.pieces import Pieces, block_view
 from sparkdl.errors import ConfigurationError
 
 _T = TypeVar("_T")
@@ -293,12 +293,7 @@ class SamplePlan(NamedTuple):
 
 def block_sample(vector: np.ndarray, plan: SamplePlan) -> np.ndarray:
     """A copy of the elements ``plan`` samples from the 1-D ``vector``, block after block."""
-    if plan.blocks == 0:
-        return np.zeros(0, vector.dtype)
-    itemsize = vector.strides[0]
-    blocks = np.lib.stride_tricks.as_strided(
-        vector[plan.offset:], shape=(plan.blocks, plan.width),
-        strides=(plan.period * itemsize, itemsize), writeable=False)
+    blocks = block_view(vector, plan.offset, plan.period, plan.width, plan.blocks)
     return blocks.reshape(-1)  # a copy: the blocks are not contiguous
 
 
