@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,24 +25,80 @@ class TrafficCounters:
         return self.bytes_sent, self.bytes_received
 
 
-def reduce_destination(array: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
-    """``out`` as a flat view to reduce ``array`` into (None stays None); a clear error when
-    it cannot be: another shape or dtype, not C-contiguous, read-only, or sharing memory with
-    ``array``."""
+def reduce_destination(array: np.ndarray | Segments, out: np.ndarray | None
+                       ) -> np.ndarray | None:
+    """``out`` as a flat view to reduce ``array`` (or :class:`Segments`: a flat result) into
+    (None stays None); a clear error when it cannot be: another shape or dtype, not
+    C-contiguous, read-only, or sharing memory with the input."""
     if out is None:
         return None
-    if not isinstance(out, np.ndarray) or out.shape != array.shape or out.dtype != array.dtype:
+    shape = (array.size,) if isinstance(array, Segments) else array.shape
+    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != array.dtype:
         got = (f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray)
                else type(out).__name__)
         raise ConfigurationError(
-            f"allreduce out: expected an array of shape {array.shape} and dtype {array.dtype}, "
+            f"allreduce out: expected an array of shape {shape} and dtype {array.dtype}, "
             f"got {got}"
         )
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ConfigurationError("allreduce out: must be C-contiguous and writable")
-    if out.size and np.shares_memory(out, array):
+    shared = (array.overlaps(out) if isinstance(array, Segments)
+              else out.size and np.shares_memory(out, array))
+    if shared:
         raise ConfigurationError("allreduce out: must not share memory with the input")
     return out.reshape(-1)
+
+
+class Segments:
+    """A 1-D vector held as consecutive pieces (e.g. one gradient per model variable), read
+    in place: ranges of it come as views of the pieces, never as a concatenated copy."""
+
+    def __init__(self, pieces: Sequence[np.ndarray]) -> None:
+        arrays = list(pieces)
+        if not arrays or not all(isinstance(a, np.ndarray) for a in arrays):
+            raise ConfigurationError("allreduce pieces: expected a non-empty sequence of arrays")
+        dtype = arrays[0].dtype
+        for i, a in enumerate(arrays):
+            if a.dtype != dtype or not a.flags.c_contiguous:
+                layout = "C-contiguous" if a.flags.c_contiguous else "non-contiguous"
+                raise ConfigurationError(
+                    f"allreduce pieces: piece {i} must be a C-contiguous {dtype} array (as "
+                    f"piece 0), got a {layout} {a.dtype} array"
+                )
+        self.arrays = [a.reshape(-1) for a in arrays]
+        self.dtype = dtype
+        self.bounds = [0]
+        for a in self.arrays:
+            self.bounds.append(self.bounds[-1] + a.size)
+        self.size = self.bounds[-1]
+
+    def parts(self, start: int, stop: int) -> list[tuple[np.ndarray, int]]:
+        """``(view, at)`` for each piece overlapping the elements ``start:stop``: the piece's
+        share, and where that share begins within ``start:stop``."""
+        found = []
+        i = max(0, bisect.bisect_right(self.bounds, start) - 1)
+        while i < len(self.arrays) and self.bounds[i] < stop:
+            low = self.bounds[i]
+            a, b = max(start, low), min(stop, self.bounds[i + 1])
+            if a < b:
+                found.append((self.arrays[i][a - low : b - low], a - start))
+            i += 1
+        return found
+
+    def add(self, left: np.ndarray, start: int, out: np.ndarray) -> None:
+        """``out = left + self[start:start + len(out)]`` (``left`` may be ``out``)."""
+        if len(self.arrays) == 1:
+            np.add(left, self.arrays[0][start : start + out.size], out=out)
+            return
+        for part, at in self.parts(start, start + out.size):
+            np.add(left[at : at + part.size], part, out=out[at : at + part.size])
+
+    def concatenate(self) -> np.ndarray:
+        """A copy of the whole vector."""
+        return np.concatenate(self.arrays) if len(self.arrays) > 1 else self.arrays[0].copy()
+
+    def overlaps(self, array: np.ndarray) -> bool:
+        return any(np.shares_memory(array, a) for a in self.arrays if a.size)
 
 
 class Communicator(abc.ABC):
@@ -70,6 +127,15 @@ class Communicator(abc.ABC):
         writable C-contiguous array of ``array``'s shape and dtype, apart from it: a buffer
         the caller reuses, e.g. one aligned for a zero-copy hand-off); the same bits either
         way. The input is left unchanged."""
+
+    def allreduce_pieces(
+        self, pieces: Sequence[np.ndarray], op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """:meth:`allreduce` of the concatenation of ``pieces`` (1-D or any shape, C-contiguous,
+        one dtype), returned flat: the same bits as ``allreduce(np.concatenate(...))``. A
+        transport that can read the pieces in place (the TCP ring) never concatenates them;
+        this default does."""
+        return self.allreduce(Segments(pieces).concatenate(), op, out=out)
 
     @abc.abstractmethod
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:

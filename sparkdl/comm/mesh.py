@@ -49,7 +49,7 @@ from typing import TypeVar
 import numpy as np
 
 from sparkdl.comm import _auth
-from sparkdl.comm.communicator import Communicator, reduce_destination
+from sparkdl.comm.communicator import Communicator, Segments, reduce_destination
 from sparkdl.comm.network import listen_on
 from sparkdl.comm.tcp import (
     TcpRingCommunicator,
@@ -259,6 +259,15 @@ class MeshCommunicator(Communicator):
         if op == "mean":
             total /= total.dtype.type(self.world_size)
         return total.reshape(arr.shape) if out is None else out
+
+    def allreduce_pieces(
+        self, pieces: Sequence[np.ndarray], op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        src = Segments(pieces)
+        if src.dtype in _OP_ALLREDUCE and self._use_mesh(src.size * src.dtype.itemsize,
+                                                         AUTO_MAX_REDUCE_BYTES):
+            return self.allreduce(src.concatenate(), op, out=out)
+        return self.ring.allreduce_pieces(pieces, op, out=out)  # read in place
 
     def barrier(self) -> None:
         self.allgather(b"")

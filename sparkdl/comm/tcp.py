@@ -42,14 +42,19 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from sparkdl.comm import _auth, _shm
 from sparkdl.comm._accept import RESOURCE_ERRNOS, AcceptLoop
-from sparkdl.comm.communicator import Communicator, TrafficCounters, reduce_destination
+from sparkdl.comm.communicator import (
+    Communicator,
+    Segments,
+    TrafficCounters,
+    reduce_destination,
+)
 from sparkdl.comm.network import listen_on
 from sparkdl.errors import CommunicationError, ConfigurationError
 
@@ -401,6 +406,21 @@ class TcpRingCommunicator(Communicator):
             else:
                 sendq.data(data)
 
+    def _send_frame_parts(self, sendq: _Out, op: int, step: int, seq: int,
+                          parts: list[memoryview]) -> None:
+        """:meth:`_send_frame` of the concatenation of ``parts``, queued part by part."""
+        if len(parts) == 1:
+            self._send_frame(sendq, op, step, seq, parts[0])
+            return
+        shm = self._header(sendq, op, step, seq, sum(len(p) for p in parts))
+        for part in parts:
+            if not len(part):
+                continue
+            if shm:
+                sendq.append(_ShmData(part))
+            else:
+                sendq.data(part)
+
     # Ring algorithms ------------------------------------------------------------------------
 
     def _gather_step(
@@ -434,30 +454,56 @@ class TcpRingCommunicator(Communicator):
 
         return _RecvStep(k, None, None, on_header, on_data, store=store)
 
-    def _ring_allreduce(self, src: np.ndarray, code: int, out: np.ndarray | None = None
-                        ) -> np.ndarray:
+    def allreduce_pieces(
+        self, pieces: Sequence[np.ndarray], op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """:meth:`allreduce` of the concatenation of ``pieces``, read in place: the ring sends
+        and sums straight from them (no concatenated copy); the same bits."""
+        if op not in ("sum", "mean"):
+            raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
+        src = Segments(pieces)
+        code = _DTYPE_OPS.get(src.dtype)
+        if code is None:
+            raise ConfigurationError(
+                f"allreduce dtype: expected float32, float64 or bfloat16, got {src.dtype}"
+            )
+        dst = reduce_destination(src, out)
+        total = np.empty(src.size, src.dtype) if dst is None else dst
+        if self.world_size > 1:
+            self._ring_allreduce(src, code, total)
+        else:
+            for part, at in src.parts(0, src.size):
+                total[at : at + part.size] = part
+        if op == "mean":
+            total /= total.dtype.type(self.world_size)
+        return total if out is None else out
+
+    def _ring_allreduce(self, src: np.ndarray | Segments, code: int,
+                        out: np.ndarray | None = None) -> np.ndarray:
         """Reduce-scatter then allgather, fully pipelined in one stream of ``2(n-1)`` framed
         chunks. Chunk ``c`` is summed in the fixed order c, c+1, ... around the ring, then its
         final bytes circulate, so every rank ends with identical bits. Partial sums are
         received straight into the output (or added straight from shared memory into it) and
-        our own contribution added in place. ``out``: where to put the result (flat, apart
-        from ``src``), else a new array."""
+        our own contribution added in place. ``src``: a flat array or :class:`Segments`
+        (read in place); ``out``: where to put the result (flat, apart from ``src``), else a
+        new array."""
         n, r = self.world_size, self.rank
+        if isinstance(src, np.ndarray):
+            src = Segments([src])
         if out is None:
-            out = np.empty_like(src)
-        isz = src.itemsize
+            out = np.empty(src.size, src.dtype)
+        isz = src.dtype.itemsize
         base, rem = divmod(src.size, n)
         starts = [i * base + min(i, rem) for i in range(n + 1)]
-        mine = [src[starts[i] : starts[i + 1]] for i in range(n)]
         chunks = [out[starts[i] : starts[i + 1]] for i in range(n)]
         raw = out.view(np.uint8).data
         braw = [raw[starts[i] * isz : starts[i + 1] * isz] for i in range(n)]
         block = max(1, REDUCE_BLOCK_BYTES // isz)
         seq = self._begin()
         last = 2 * n - 3
-        own = mine[r].view(np.uint8).data
         sendq = self._out()
-        self._send_frame(sendq, code, 0, seq, own)
+        own = [part.view(np.uint8).data for part, _ in src.parts(starts[r], starts[r + 1])]
+        self._send_frame_parts(sendq, code, 0, seq, own)
         via_shm = [False] * (last + 2)  # whether frame k goes out through shared memory
 
         def emit(k: int, view: memoryview) -> None:
@@ -483,7 +529,7 @@ class TcpRingCommunicator(Communicator):
                     a = done[0]
                     if upto > a:
                         dst = chunks[c][a:upto]
-                        np.add(dst, mine[c][a:upto], out=dst)
+                        src.add(dst, starts[c] + a, dst)
                         emit(k + 1, braw[c][a * isz : upto * isz])
                         done[0] = upto
 
@@ -515,7 +561,7 @@ class TcpRingCommunicator(Communicator):
                             f"{hi - lo} bytes is not a whole number of {src.dtype} items"
                         )
                     a, b = lo // isz, hi // isz
-                    np.add(part.view(src.dtype), mine[c][a:b], out=chunks[c][a:b])
+                    src.add(part.view(src.dtype), starts[c] + a, chunks[c][a:b])
                     emit(k + 1, braw[c][lo:hi])
                     done[0] = b
 

@@ -30,7 +30,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -198,6 +198,13 @@ class TracedCommunicator(Communicator):
     ) -> np.ndarray:
         with self._traced("allreduce", message_bytes=int(array.nbytes), op=op):
             return self.inner.allreduce(array, op, out=out)
+
+    def allreduce_pieces(
+        self, pieces: Sequence[np.ndarray], op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        nbytes = sum(int(p.nbytes) for p in pieces)
+        with self._traced("allreduce", message_bytes=nbytes, op=op):
+            return self.inner.allreduce_pieces(pieces, op, out=out)
 
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
         size = 0 if message is None else memoryview(message).nbytes

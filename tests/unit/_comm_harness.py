@@ -141,6 +141,24 @@ def values(outcomes: list[Outcome]) -> list[Any]:
     return [o.value for o in outcomes]
 
 
+def _on_allgather_transport(rank: int, world: int, exchange: Any,
+                            fn: Callable[[int, Any], Any]) -> Any:
+    from sparkdl.comm import AllGatherCommunicator
+
+    comm = AllGatherCommunicator(rank, world, exchange, timeout_s=15)
+    try:
+        return fn(rank, comm)
+    finally:
+        comm.close()
+
+
+def run_allgather_transport(fn: Callable[[int, Any], Any], world: int, *,
+                            timeout: float = 60.0) -> list[Any]:
+    """Run ``fn(rank, comm)`` on ``world`` processes joined by the allgather transport
+    (:class:`~sparkdl.comm.AllGatherCommunicator`); returns the values by rank."""
+    return values(run_ranks(_on_allgather_transport, world, args=(fn,), timeout=timeout))
+
+
 def allreduce_until_error(
     rank: int, world: int, exchange: Any, timeout_s: float, length: int, ready: Any
 ) -> tuple[str, float]:

@@ -8,7 +8,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from _comm_harness import run_ranks, run_threads, values
+from _comm_harness import run_allgather_transport, run_threads
 
 from sparkdl.comm import AllGatherCommunicator, create_communicator
 from sparkdl.errors import ConfigurationError
@@ -52,16 +52,8 @@ def test_the_hierarchical_communicator_reduces_into_the_callers_buffer():
     _check(run_threads(4, _cases, hosts=["a", "a", "b", "b"], topology="auto"))
 
 
-def _rpc_cases(rank: int, world: int, exchange: Any) -> list[tuple[str, bool, str]]:
-    comm = AllGatherCommunicator(rank, world, exchange, timeout_s=15)
-    try:
-        return _cases(rank, comm)
-    finally:
-        comm.close()
-
-
 def test_the_allgather_transport_reduces_into_the_callers_buffer():
-    _check(values(run_ranks(_rpc_cases, 2, timeout=60)))
+    _check(run_allgather_transport(_cases, 2))
 
 
 def test_a_buffer_that_cannot_take_the_result_is_one_clear_error():

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from _comm_harness import run_threads
 
+from sparkdl.comm import create_communicator
+from sparkdl.training import dense
 from sparkdl.training.dense import DenseAllreduceExchange
 from sparkdl.training.variables import weights_checksum
 
@@ -34,14 +36,14 @@ def _train(world: int, drain_every_step: bool) -> list[tuple[str, list[float], i
     def train(rank: int, comm) -> tuple[str, list[float], int]:  # type: ignore[no-untyped-def]
         exchange = DenseAllreduceExchange(models[rank], comm)
         alone = 0
-        apply_alone = exchange._apply_tensor
+        apply_alone = exchange._apply_alone
 
-        def counted(flat):  # type: ignore[no-untyped-def]
+        def counted(pending):  # type: ignore[no-untyped-def]
             nonlocal alone
             alone += 1
-            return apply_alone(flat)
+            return apply_alone(pending)
 
-        exchange._apply_tensor = counted  # type: ignore[method-assign]
+        exchange._apply_alone = counted  # type: ignore[method-assign]
         losses = []
         for step, (x, y) in enumerate(_batches(rank, 6)):
             losses.append(exchange.step(x, y, step).loss)
@@ -101,3 +103,54 @@ def test_with_two_ranks_the_mean_lands_in_one_reused_buffer_that_tensorflow_read
         return shared
 
     assert run_threads(2, train) == [[True] * 3] * 2
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_gradient_stays_in_its_variables_pieces_with_the_bits_of_the_flat_path(
+    world, monkeypatch
+):
+    """On the deferred float32 path with large variables the gradient reaches the collective
+    as one array per variable (never concatenated; one rank applies them as they are): the
+    same weights and losses, bit for bit, as the flat gradient."""
+    def run(pieces: bool) -> list[tuple[str, list[float], list[str]]]:
+        # this model's variables are small: the flat path unless the bound is lowered
+        monkeypatch.setattr(dense, "PIECES_MIN_ELEMENTS", 1 if pieces else 1 << 16)
+        models = [_model() for _ in range(world)]
+
+        def train(rank: int, comm) -> tuple[str, list[float], list[str]]:  # type: ignore[no-untyped-def]
+            exchange = DenseAllreduceExchange(models[rank], comm)
+            sent = []
+            communicate = exchange.communicate
+
+            def spy(message, step):  # type: ignore[no-untyped-def]
+                sent.append(type(message).__name__)
+                return communicate(message, step)
+
+            exchange.communicate = spy  # type: ignore[method-assign]
+            losses = [exchange.step(x, y, step).loss
+                      for step, (x, y) in enumerate(_batches(rank, 5))]
+            exchange.finish()
+            return weights_checksum(models[rank].trainable_variables), losses, sent
+
+        return run_threads(world, train)
+
+    in_pieces, flat = run(True), run(False)
+    assert [sent for _, _, sent in in_pieces] == [["list"] * 5] * world
+    assert [sent for _, _, sent in flat] == [["ndarray"] * 5] * world
+    assert [(c, losses) for c, losses, _ in in_pieces] == [(c, losses) for c, losses, _ in flat]
+    assert len({c for c, _, _ in in_pieces}) == 1  # replicas bit-identical
+
+
+def test_pieces_only_where_the_variables_are_large_on_average():
+    def exchange(*units: int, wire: str = "float32", **options: object) -> DenseAllreduceExchange:
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((256,))] + [keras.layers.Dense(u) for u in units])
+        model.compile(keras.optimizers.SGD(0.1), loss="mse")
+        comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=b"s" * 32, timeout_s=10)
+        return DenseAllreduceExchange(model, comm, wire_dtype=wire, **options)  # type: ignore[arg-type]
+
+    assert exchange(1024).trainable.size >= 2 * dense.PIECES_MIN_ELEMENTS
+    assert exchange(1024)._in_pieces()  # 263,168 elements in 2 variables
+    assert not exchange(*[16] * 20)._in_pieces()  # 40 variables of 400 elements on average
+    assert not exchange(1024, wire="bfloat16")._in_pieces()
+    assert not exchange(1024, overlap=True)._in_pieces()
