@@ -197,6 +197,18 @@ def _chunk_of(chunks: list[memoryview], index: int) -> Callable[[int], memoryvie
     return lambda _length: chunks[index]
 
 
+def _reduce_code(op: str, dtype: np.dtype) -> int:
+    """The frame op that sums ``dtype``; a clear error for another ``op`` or dtype."""
+    if op not in ("sum", "mean"):
+        raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
+    code = _DTYPE_OPS.get(dtype)
+    if code is None:
+        raise ConfigurationError(
+            f"allreduce dtype: expected float32, float64 or bfloat16, got {dtype}"
+        )
+    return code
+
+
 class _RecvStep:
     """One framed message expected from the previous rank."""
 
@@ -318,26 +330,36 @@ class TcpRingCommunicator(Communicator):
     def allreduce(
         self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
     ) -> np.ndarray:
-        if op not in ("sum", "mean"):
-            raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
         arr = np.asarray(array)
-        code = _DTYPE_OPS.get(arr.dtype)
-        if code is None:
-            raise ConfigurationError(
-                f"allreduce dtype: expected float32, float64 or bfloat16, got {arr.dtype}"
-            )
+        code = _reduce_code(op, arr.dtype)
         dst = reduce_destination(arr, out)
-        src = np.ascontiguousarray(arr).reshape(-1)
+        total = self._reduce(Segments([np.ascontiguousarray(arr)]), code, op, dst)
+        return total.reshape(arr.shape) if out is None else out
+
+    def allreduce_pieces(
+        self, pieces: Sequence[np.ndarray], op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """:meth:`allreduce` of the concatenation of ``pieces``, read in place: the ring sends
+        and sums straight from them (no concatenated copy); the same bits."""
+        src = Segments(pieces)
+        code = _reduce_code(op, src.dtype)
+        total = self._reduce(src, code, op, reduce_destination(src, out))
+        return total if out is None else out
+
+    def _reduce(self, src: Segments, code: int, op: str, dst: np.ndarray | None
+                ) -> np.ndarray:
+        """The flat ``op`` of ``src`` over the ranks, into ``dst`` (else a new array)."""
         if self.world_size > 1:
             total = self._ring_allreduce(src, code, dst)
         elif dst is None:
-            total = src.copy()
+            total = src.concatenate()
         else:
             total = dst
-            np.copyto(total, src)
+            for part, at in src.parts(0, src.size):
+                total[at : at + part.size] = part
         if op == "mean":
             total /= total.dtype.type(self.world_size)
-        return total.reshape(arr.shape) if out is None else out
+        return total
 
     def allgather(self, message: bytes | memoryview) -> list[bytes]:
         data = memoryview(message).cast("B")
@@ -454,42 +476,15 @@ class TcpRingCommunicator(Communicator):
 
         return _RecvStep(k, None, None, on_header, on_data, store=store)
 
-    def allreduce_pieces(
-        self, pieces: Sequence[np.ndarray], op: str = "sum", *, out: np.ndarray | None = None
-    ) -> np.ndarray:
-        """:meth:`allreduce` of the concatenation of ``pieces``, read in place: the ring sends
-        and sums straight from them (no concatenated copy); the same bits."""
-        if op not in ("sum", "mean"):
-            raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
-        src = Segments(pieces)
-        code = _DTYPE_OPS.get(src.dtype)
-        if code is None:
-            raise ConfigurationError(
-                f"allreduce dtype: expected float32, float64 or bfloat16, got {src.dtype}"
-            )
-        dst = reduce_destination(src, out)
-        total = np.empty(src.size, src.dtype) if dst is None else dst
-        if self.world_size > 1:
-            self._ring_allreduce(src, code, total)
-        else:
-            for part, at in src.parts(0, src.size):
-                total[at : at + part.size] = part
-        if op == "mean":
-            total /= total.dtype.type(self.world_size)
-        return total if out is None else out
-
-    def _ring_allreduce(self, src: np.ndarray | Segments, code: int,
-                        out: np.ndarray | None = None) -> np.ndarray:
+    def _ring_allreduce(self, src: Segments, code: int, out: np.ndarray | None = None
+                        ) -> np.ndarray:
         """Reduce-scatter then allgather, fully pipelined in one stream of ``2(n-1)`` framed
         chunks. Chunk ``c`` is summed in the fixed order c, c+1, ... around the ring, then its
         final bytes circulate, so every rank ends with identical bits. Partial sums are
         received straight into the output (or added straight from shared memory into it) and
-        our own contribution added in place. ``src``: a flat array or :class:`Segments`
-        (read in place); ``out``: where to put the result (flat, apart from ``src``), else a
-        new array."""
+        our own contribution added in place. ``src`` is read in place; ``out``: where to put
+        the result (flat, apart from ``src``), else a new array."""
         n, r = self.world_size, self.rank
-        if isinstance(src, np.ndarray):
-            src = Segments([src])
         if out is None:
             out = np.empty(src.size, src.dtype)
         isz = src.dtype.itemsize

@@ -106,10 +106,7 @@ class DenseAllreduceExchange(UpdateExchange):
             self._apply_update(pending)
         if not pieces:
             return self._flat_gradients(x, y)
-        variables = self.model.trainable_variables
-        loss, grads = self._gradients(x, y, variables)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                 for g, v in zip(grads, variables)]
+        loss, grads = self._gradient_tensors(x, y)
         return loss, grads, all_finite(grads)
 
     def _apply_update(self, pending: Any) -> None:

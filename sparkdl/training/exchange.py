@@ -343,10 +343,16 @@ class UpdateExchange(abc.ABC):
             scaled = scale(self.model.optimizer, loss)
         return loss, scaled_gradients(self.model.optimizer, tape, scaled, variables)
 
+    def _gradient_tensors(self, x: tf.Tensor, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """(In a graph) the batch loss and one dense gradient per trainable variable (zeros
+        where it has none)."""
+        variables = self.model.trainable_variables
+        loss, grads = self._gradients(x, y, variables)
+        return loss, [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                      for g, v in zip(grads, variables)]
+
     def _flat_gradients(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        loss, grads = self._gradients(x, y, self.model.trainable_variables)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                 for g, v in zip(grads, self.model.trainable_variables)]
+        loss, grads = self._gradient_tensors(x, y)
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
         return loss, flat, all_finite([flat])
 

@@ -153,10 +153,7 @@ class GradientSharingExchange(UpdateExchange):
         update ends the step before the encode (the optimizer's state has taken the step, as
         in the fallback). Also returns reads of W that alias its buffers (for :meth:`apply`'s
         in-place addition)."""
-        variables = self.model.trainable_variables
-        loss, grads = self._gradients(x, y, variables)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                 for g, v in zip(grads, variables)]
+        loss, grads = self._gradient_tensors(x, y)
         updates = self._updates
         assert updates is not None  # the fused path has them
         if updates.accumulate:  # U is the residual: U + d, checked after
