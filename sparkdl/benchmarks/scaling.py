@@ -422,8 +422,9 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     """Seconds per step of each mode's exchange in this process with a one-rank communicator
     (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated;
     also each mode's paired ratio to ``compute`` (the plain train step), when measured.
-    Averaging's steps include ``1/f`` of the host side of an average (reading the parameters
-    and optimizer state and setting them again), which one rank alone would skip.
+    Averaging's steps include ``1/f`` of an average through the one-rank communicator (the
+    parameters and optimizer state read in place, copied into the result and written back),
+    which one rank alone would skip.
     ``model``: ``scaling`` (256 -> Dense 4096 -> 10, batch 32) or ``lenet`` (28x28x1, batch
     32)."""
     import secrets
@@ -447,10 +448,11 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
                  for mode in modes}
     candidates = {mode: (lambda e=e: e.step(x, y, next(counter)))
                   for mode, e in exchanges.items()}
-    # averaging's round: the host side of one average (a one-rank communicator skips it)
+    # averaging's round: one average through the one-rank communicator (which skips it)
     averaging = exchanges.get("averaging")
     if isinstance(averaging, ParameterAveragingExchange):
-        candidates["averaging round"] = lambda: averaging.replace_by(lambda flat: flat)
+        candidates["averaging round"] = lambda: averaging.replace_by(
+            averaging.mean_over_ranks)
     try:
         for exchange in exchanges.values():
             exchange.metrics.build(x, y)

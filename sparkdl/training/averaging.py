@@ -42,9 +42,13 @@ class ParameterAveragingExchange(UpdateExchange):
         self.save_updater = save_updater
         self.report_score_after_averaging = report_score_after_averaging
         self.optimizer_state = FlatVariables(model.optimizer.variables)
+        # what an average replaces: one vector, so one read of the buffers and one allreduce
+        self._averaged = FlatVariables(
+            [*self.trainable.variables, *(self.optimizer_state.variables if save_updater else [])])
         self._train_step = tf.function(self._train_step_fn, reduce_retracing=True)
         self._loss_fn = tf.function(self._loss_only, reduce_retracing=True)
         self._since_average = 0
+        self._result: np.ndarray | None = None  # an average's result
 
     def _loss_only(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         """The averaged model's loss on the batch (the compiled metrics are not updated)."""
@@ -66,14 +70,18 @@ class ParameterAveragingExchange(UpdateExchange):
         """Replace parameters (and optimizer state) by their mean over all workers."""
         self._since_average = 0
         if self.comm.world_size > 1:
-            self.replace_by(lambda flat: self.comm.allreduce(flat, "mean"))
+            self.replace_by(self.mean_over_ranks)
 
-    def replace_by(self, reduce: Callable[[np.ndarray], np.ndarray]) -> None:
-        """The host side of one average: read the parameters (and, with ``save_updater``,
-        the optimizer state) as flat vectors, and set them to ``reduce`` of each."""
-        self.trainable.assign_in_place(reduce(self.trainable.read()))
-        if self.save_updater and self.optimizer_state.size:
-            self.optimizer_state.assign_in_place(reduce(self.optimizer_state.read()))
+    def replace_by(self, reduce: Callable[[list[np.ndarray], np.ndarray], np.ndarray]
+                   ) -> None:
+        """One average given its reduce: the parameters (and, with ``save_updater``, the
+        optimizer state), as one vector, are handed to ``reduce`` as the variables' own
+        buffers, read in place, with a kept vector for the result, and set to what it
+        returns (:meth:`FlatVariables.replace_by`)."""
+        if self._averaged.size:
+            if self._result is None:  # kept: its pages are touched once, not every round
+                self._result = np.empty(self._averaged.size, np.float32)
+            self._averaged.replace_by(reduce, self._result)
 
     def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, bool]:
         """A local optimizer step; nothing to share but the batch (for the score)."""

@@ -255,7 +255,13 @@ class UpdateExchange(abc.ABC):
         agree."""
         self.drain()
         if self.non_trainable.size and self.comm.world_size > 1:
-            self.non_trainable.assign(self.comm.allreduce(self.non_trainable.read(), "mean"))
+            self.non_trainable.replace_by(self.mean_over_ranks,
+                                          np.empty(self.non_trainable.size, np.float32))
+
+    def mean_over_ranks(self, pieces: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+        """The mean over the ranks of the concatenation of ``pieces``, into ``out`` (a reduce
+        for :meth:`FlatVariables.replace_by`)."""
+        return self.comm.allreduce_pieces(pieces, "mean", out=out)
 
     def finish(self) -> None:
         """Leave every replica with the same weights now: called after the last step and

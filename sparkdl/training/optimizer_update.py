@@ -201,7 +201,7 @@ class UpdateMemory(PiecewiseMemory):
 
     def pieces(self) -> Pieces:
         if self._pieces is None:
-            self.hold(self._views.reads())
+            self.hold(self._views.read_all())
         assert self._pieces is not None
         return self._pieces
 

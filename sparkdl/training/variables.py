@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -45,19 +46,34 @@ class FlatVariables:
         ):
             variable.assign(flat[start:stop].reshape(shape).astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
 
-    def assign_in_place(self, flat: np.ndarray) -> None:
-        """As :meth:`assign`, copying straight into the variables' own buffers when every one
-        is a float32 variable on the host (no new buffer per variable, whose fresh pages cost
-        more than the copy); else :meth:`assign`. Only between TensorFlow calls, on variables
-        whose reads nobody else holds (see :mod:`sparkdl.training.host_views`)."""
+    @contextlib.contextmanager
+    def host_pieces(self) -> Iterator[list[np.ndarray] | None]:
+        """Writable flat views of each variable's own buffer, in order, valid inside the
+        block (the reads that hold the buffers live until it ends); ``None`` unless every
+        variable is float32 on the host. Only between TensorFlow calls."""
         if self._views is None:
-            self.assign(flat)
+            yield None
             return
-        if flat.shape != (self.size,):
-            raise ValueError(f"expected a vector of {self.size} elements, got {flat.shape}")
-        reads = self._views.reads()  # alive while written
-        for view, start, stop in zip(self._views.views(reads), self.offsets, self.offsets[1:]):
-            view[:] = flat[start:stop]
+        reads = self._views.read_all()  # alive while the views are used
+        yield self._views.views(reads)
+        del reads
+
+    def replace_by(self, reduce: Callable[[list[np.ndarray], np.ndarray], np.ndarray],
+                   out: np.ndarray) -> None:
+        """Set the vector to ``reduce(pieces, out)`` (e.g. an allreduce of the pieces'
+        concatenation into ``out``): the pieces are :meth:`host_pieces`, read in place and
+        written back in place, else one flat :meth:`read`. ``out``: a float32 vector of
+        :attr:`size` elements that ``reduce`` may write its result into."""
+        with self.host_pieces() as pieces:
+            if pieces is None:
+                self.assign(reduce([self.read()], out))
+                return
+            result = reduce(pieces, out)
+            if result.shape != (self.size,):
+                raise ValueError(f"expected a vector of {self.size} elements, got "
+                                 f"{result.shape}")
+            for piece, start, stop in zip(pieces, self.offsets, self.offsets[1:]):
+                piece[:] = result[start:stop]
 
     def split(self, flat: tf.Tensor) -> list[tf.Tensor]:
         """Split a flat tensor into tensors shaped like the variables (usable in tf.function)."""

@@ -72,3 +72,16 @@ def test_a_reallocated_buffer_gets_a_new_view() -> None:
     kept = views._views[1][1]
     views.scatter_add(np.array([35], np.int64), np.float32([1.0]), offsets)
     assert views._views[1][1] is kept
+
+
+def test_read_all_reads_every_buffer_in_place_in_one_traced_call() -> None:
+    variables, _ = _variables(np.random.default_rng(5))
+    views = HostViews(variables)
+    for _ in range(3):
+        reads = views.read_all()
+        assert [int(np.asarray(r).ctypes.data) for r in reads if r.shape.num_elements()] == [
+            _address(v) for v in variables if v.shape.num_elements()]
+        for read, variable in zip(reads, variables, strict=True):
+            assert np.asarray(read).tobytes() == variable.numpy().tobytes()
+        del reads
+    assert views._read_all.experimental_get_tracing_count() == 1

@@ -1,5 +1,6 @@
 """Parameter averaging's rounds: replicas leave every average with the same bits, the mean of
-what each rank held; the flat assignment it uses writes the variables' own buffers."""
+what each rank held, read from and written to the variables' own buffers; so do the
+non-trainable statistics at the end of an epoch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tensorflow as tf
 from _comm_harness import run_threads
 
 from sparkdl.training.host_views import read_no_copy
-from sparkdl.training.masters import ParameterAveragingTrainingMaster
+from sparkdl.training.masters import DenseTrainingMaster, ParameterAveragingTrainingMaster
 from sparkdl.training.variables import FlatVariables
 
 FREQUENCY = 3
@@ -63,28 +64,99 @@ def test_every_average_leaves_both_replicas_with_the_mean_of_their_parameters():
         np.testing.assert_array_equal(mean_state, (state_0 + state_1) / np.float32(2))
 
 
-def test_assign_in_place_writes_each_variables_own_buffer_with_assigns_bits():
+def _addresses(variables) -> list[int]:  # type: ignore[no-untyped-def]
+    return [np.asarray(read_no_copy(v)).ctypes.data for v in variables]
+
+
+def test_an_average_reads_and_writes_the_variables_own_buffers_through_one_kept_vector():
+    models = [_model() for _ in range(2)]
+
+    def train(rank: int, comm):  # type: ignore[no-untyped-def]
+        exchange = ParameterAveragingTrainingMaster(8, 2, averaging_frequency=10**6) \
+            .create_exchange(models[rank], comm, job_id=1)
+        for step, (x, y) in enumerate(_batches(rank, 2)):
+            exchange.step(x, y, step)
+        variables = [*exchange.trainable.variables, *exchange.optimizer_state.variables]
+        before = _addresses(variables)
+        exchange.average()
+        result = exchange._result
+        exchange.average()
+        found = (before, _addresses(variables), result is exchange._result,
+                 result.size == exchange.trainable.size + exchange.optimizer_state.size)
+        exchange.close()
+        return found
+
+    for before, after, kept, sized in run_threads(2, train):
+        assert after == before  # written in place: no new buffer for any variable
+        assert kept and sized
+
+
+def test_end_of_epoch_leaves_both_replicas_with_the_mean_of_their_batchnorm_statistics():
+    def bn_model() -> tf.keras.Model:
+        tf.keras.utils.set_random_seed(5)
+        model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(8),
+                                     tf.keras.layers.BatchNormalization(),
+                                     tf.keras.layers.Dense(3)])
+        model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+        return model
+
+    models = [bn_model() for _ in range(2)]
+
+    def train(rank: int, comm):  # type: ignore[no-untyped-def]
+        exchange = DenseTrainingMaster(8, 2).create_exchange(models[rank], comm, job_id=1)
+        for step, (x, y) in enumerate(_batches(rank, 3)):
+            exchange.step(x, y, step)
+        exchange.drain()
+        before = exchange.non_trainable.read()
+        exchange.end_epoch(0)
+        after = exchange.non_trainable.read()
+        exchange.close()
+        return before, after
+
+    (before_0, after_0), (before_1, after_1) = run_threads(2, train)
+    assert before_0.size == 2 * 8 and not np.array_equal(before_0, before_1)
+    assert after_0.tobytes() == after_1.tobytes()
+    np.testing.assert_array_equal(after_0, (before_0 + before_1) / np.float32(2))
+
+
+def test_replace_by_writes_each_variables_own_buffer_with_assigns_bits():
     model, twin = _model(), _model()
     flat = np.random.default_rng(0).normal(0, 1, FlatVariables(model.variables).size) \
         .astype(np.float32)
-    addresses = [np.asarray(read_no_copy(v)).ctypes.data for v in model.trainable_variables]
-    FlatVariables(model.variables).assign_in_place(flat)
+    aliased: list[bool] = []
+
+    def reduce(pieces, out):  # type: ignore[no-untyped-def]
+        aliased.extend(np.shares_memory(p, np.asarray(read_no_copy(v)))
+                       for p, v in zip(pieces, model.variables, strict=True))
+        out[:] = flat
+        return out
+
+    addresses = _addresses(model.variables)
+    FlatVariables(model.variables).replace_by(reduce, np.empty(flat.size, np.float32))
     FlatVariables(twin.variables).assign(flat)
-    assert [np.asarray(read_no_copy(v)).ctypes.data
-            for v in model.trainable_variables] == addresses
+    assert aliased and all(aliased)  # read in place
+    assert _addresses(model.variables) == addresses  # written in place
     for mine, theirs in zip(model.variables, twin.variables, strict=True):
         assert np.asarray(mine).tobytes() == np.asarray(theirs).tobytes()
     np.testing.assert_array_equal(FlatVariables(model.variables).read(), flat)
 
 
-def test_assign_in_place_falls_back_to_assign_for_other_dtypes_and_checks_the_length():
+def test_replace_by_falls_back_to_one_flat_read_for_other_dtypes_and_checks_the_length():
     variables = [tf.Variable(np.zeros((2, 3), np.float64)), tf.Variable(np.zeros(4, np.float32))]
-    flat = FlatVariables(variables)
-    flat.assign_in_place(np.arange(10, dtype=np.float32))
+    given: list[list[np.ndarray]] = []
+
+    def count(pieces, out):  # type: ignore[no-untyped-def]
+        given.append(pieces)
+        return np.arange(10, dtype=np.float32)
+
+    FlatVariables(variables).replace_by(count, np.empty(10, np.float32))
+    assert [p.shape for p in given[0]] == [(10,)]  # one flat read
     assert variables[0].dtype == tf.float64
     np.testing.assert_array_equal(variables[0].numpy(), np.arange(6).reshape(2, 3))
     np.testing.assert_array_equal(variables[1].numpy(), np.arange(6, 10))
     with pytest.raises(ValueError, match="expected a vector of 10 elements"):
-        flat.assign_in_place(np.zeros(9, np.float32))
-    with pytest.raises(ValueError, match="expected a vector of 4 elements"):
-        FlatVariables(variables[1:]).assign_in_place(np.zeros(5, np.float32))
+        FlatVariables(variables).replace_by(lambda p, out: out[:9], np.empty(10, np.float32))
+    with pytest.raises(ValueError, match=r"expected a vector of 4 elements, got \(5,\)"):
+        FlatVariables(variables[1:]).replace_by(lambda p, out: np.zeros(5, np.float32),
+                                                np.empty(4, np.float32))
