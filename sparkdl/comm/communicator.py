@@ -93,9 +93,9 @@ class Segments:
         for part, at in self.parts(start, start + out.size):
             np.add(left[at : at + part.size], part, out=out[at : at + part.size])
 
-    def concatenate(self) -> np.ndarray:
-        """A copy of the whole vector."""
-        return np.concatenate(self.arrays) if len(self.arrays) > 1 else self.arrays[0].copy()
+    def concatenate(self, out: np.ndarray | None = None) -> np.ndarray:
+        """A copy of the whole vector (into ``out``, flat, when given)."""
+        return np.concatenate(self.arrays, out=out)
 
     def overlaps(self, array: np.ndarray) -> bool:
         return any(np.shares_memory(array, a) for a in self.arrays if a.size)

@@ -351,12 +351,8 @@ class TcpRingCommunicator(Communicator):
         """The flat ``op`` of ``src`` over the ranks, into ``dst`` (else a new array)."""
         if self.world_size > 1:
             total = self._ring_allreduce(src, code, dst)
-        elif dst is None:
-            total = src.concatenate()
         else:
-            total = dst
-            for part, at in src.parts(0, src.size):
-                total[at : at + part.size] = part
+            total = src.concatenate(dst)
         if op == "mean" and self.world_size > 1:  # over one rank: the same bits
             total /= total.dtype.type(self.world_size)
         return total

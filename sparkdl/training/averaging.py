@@ -48,7 +48,8 @@ class ParameterAveragingExchange(UpdateExchange):
         self._train_step = tf.function(self._train_step_fn, reduce_retracing=True)
         self._loss_fn = tf.function(self._loss_only, reduce_retracing=True)
         self._since_average = 0
-        self._result: np.ndarray | None = None  # an average's result
+        # an average's result, kept: its pages are touched once, not every round
+        self._result = np.empty(self._averaged.size, np.float32)
 
     def _loss_only(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         """The averaged model's loss on the batch (the compiled metrics are not updated)."""
@@ -79,8 +80,6 @@ class ParameterAveragingExchange(UpdateExchange):
         buffers, read in place, with a kept vector for the result, and set to what it
         returns (:meth:`FlatVariables.replace_by`)."""
         if self._averaged.size:
-            if self._result is None:  # kept: its pages are touched once, not every round
-                self._result = np.empty(self._averaged.size, np.float32)
             self._averaged.replace_by(reduce, self._result)
 
     def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, bool]:

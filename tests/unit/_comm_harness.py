@@ -152,6 +152,15 @@ def _on_allgather_transport(rank: int, world: int, exchange: Any,
         comm.close()
 
 
+def check_cases(results: list[list[tuple[str, bool, str]]], differs: str) -> None:
+    """Assert every rank's ``(case, ok, bits)`` passed (else name the rank, the case and what
+    ``differs``) and that every rank saw the same bits."""
+    for rank, cases in enumerate(results):
+        for case, ok, _ in cases:
+            assert ok, f"rank {rank} {case}: {differs}"
+    assert all(r == results[0] for r in results)  # the same bits on every rank
+
+
 def run_allgather_transport(fn: Callable[[int, Any], Any], world: int, *,
                             timeout: float = 60.0) -> list[Any]:
     """Run ``fn(rank, comm)`` on ``world`` processes joined by the allgather transport
