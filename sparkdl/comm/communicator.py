@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import CommunicationError, ConfigurationError
 
 
 @dataclass
@@ -47,6 +47,19 @@ def reduce_destination(array: np.ndarray | Segments, out: np.ndarray | None
     if shared:
         raise ConfigurationError("allreduce out: must not share memory with the input")
     return out.reshape(-1)
+
+
+def broadcast_destination(array: np.ndarray, *, writable: bool) -> memoryview:
+    """``array``'s bytes, to broadcast from (the root) or into (``writable``); a clear error
+    when ``array`` is not a C-contiguous numpy array, or not writable where it must be."""
+    if not isinstance(array, np.ndarray):
+        raise ConfigurationError(f"broadcast_into: expected a numpy array, got "
+                                 f"{type(array).__name__}")
+    if not array.flags.c_contiguous:
+        raise ConfigurationError("broadcast_into: the array must be C-contiguous")
+    if writable and not array.flags.writeable:
+        raise ConfigurationError("broadcast_into: the array must be writable off the root")
+    return array.reshape(-1).view(np.uint8).data
 
 
 class Segments:
@@ -155,6 +168,20 @@ class Communicator(abc.ABC):
         """Broadcast a numpy array of known shape and dtype from ``root``."""
         data = self.broadcast(array.tobytes() if self.rank == root else None, root)
         return np.frombuffer(data, dtype=array.dtype).reshape(array.shape).copy()
+
+    def broadcast_into(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        """Broadcast ``array``'s contents from ``root`` into every rank's ``array`` (the same
+        shape and dtype on every rank; C-contiguous, writable off the root) and return it.
+        A transport that can receive in place (the TCP ring) makes no copy."""
+        raw = broadcast_destination(array, writable=self.rank != root)
+        data = self.broadcast(raw if self.rank == root else None, root)
+        if self.rank != root:
+            if len(data) != array.nbytes:
+                raise CommunicationError(
+                    f"broadcast: rank {root} sent {len(data)} bytes, expected {array.nbytes} "
+                    f"({array.shape} {array.dtype})")
+            np.frombuffer(raw, np.uint8)[:] = np.frombuffer(data, np.uint8)
+        return array
 
     def allgather_arrays(self, array: np.ndarray) -> Sequence[np.ndarray]:
         """Gather a same-dtype 1-D array from each rank (lengths may differ)."""

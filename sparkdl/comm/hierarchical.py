@@ -83,6 +83,11 @@ def unpack_bundle(data: bytes | memoryview, expected: int) -> list[bytes]:
     return out
 
 
+def _check_op(op: str) -> None:
+    if op not in ("sum", "mean"):
+        raise ConfigurationError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
+
+
 def host_groups(hosts: Sequence[str]) -> list[list[int]]:
     """World ranks grouped by host, hosts ordered by their lowest rank."""
     groups: dict[str, list[int]] = {}
@@ -130,6 +135,9 @@ class HierarchicalCommunicator(Communicator):
         if self.is_leader and leaders is None and len(self.groups) > 1:
             raise ConfigurationError(f"rank {rank} leads host {self.host} but has no leaders' ring")
         self.timeout_s = float(getattr(local, "timeout_s", 120.0))
+        # a leader's host sums, one kept buffer per vector shape reduced (e.g. the gradient,
+        # and at an epoch's end the non-trainable statistics)
+        self._buffers: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
 
     def __repr__(self) -> str:
         return (f"HierarchicalCommunicator(rank={self.rank}, world_size={self.world_size}, "
@@ -180,21 +188,43 @@ class HierarchicalCommunicator(Communicator):
     def allreduce(
         self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
     ) -> np.ndarray:
-        if op not in ("sum", "mean"):
-            raise ConfigurationError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
+        _check_op(op)
         reduce_destination(np.asarray(array), out)
-        total = self.local.allreduce(array, "sum", out=out)
+        host = self.local.allreduce(array, "sum", out=self._host_sum(out))
+        return self._across_and_back(host, op, out)
+
+    def allreduce_pieces(
+        self, pieces: Sequence[np.ndarray], op: str = "sum", *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        _check_op(op)
+        # the host's communicator reads the pieces in place (the TCP ring never concatenates)
+        host = self.local.allreduce_pieces(pieces, "sum", out=self._host_sum(out))
+        return self._across_and_back(host, op, out)
+
+    def _host_sum(self, out: np.ndarray | None) -> np.ndarray | None:
+        """Where this rank's host sum goes: ``out``, except on a leader between hosts, where
+        a kept buffer holds it (the leaders then sum into ``out``: no copy, no new pages)."""
+        if out is None or not (self.is_leader and self._several_hosts):
+            return out
+        key = (out.shape, out.dtype)
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            buffer = self._buffers[key] = np.empty_like(out)
+        return buffer
+
+    def _across_and_back(self, total: np.ndarray, op: str, out: np.ndarray | None
+                         ) -> np.ndarray:
+        """The world's reduction from this host's sum ``total``, in ``out`` when given: the
+        leaders sum their hosts' sums, and each leader broadcasts the result to its host,
+        whose other ranks receive it in place."""
         if self._several_hosts:
-            if self._across_hosts():
+            if self.is_leader:
                 assert self.leaders is not None
-                total = self.leaders.allreduce(total, "sum")
-            total = self.local.broadcast_array(total, root=0)
-            if out is not None:
-                np.copyto(out, total)
-                total = out
+                total = self.leaders.allreduce(total, "sum", out=out)
+            total = self.local.broadcast_into(total, root=0)
         if op == "mean":
-            total /= total.dtype.type(self.world_size)  # a new array: the input is unchanged
-        return total
+            total /= total.dtype.type(self.world_size)  # never the input: a result array
+        return total if out is None else out
 
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
         if not 0 <= root < self.world_size:

@@ -243,6 +243,12 @@ class MeshCommunicator(Communicator):
         self._last_broadcast = len(out)
         return out
 
+    def broadcast_into(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        # every rank knows the size: all choose alike; the ring receives in place
+        if not self._use_mesh(array.nbytes if isinstance(array, np.ndarray) else 0):
+            return self.ring.broadcast_into(array, root)
+        return super().broadcast_into(array, root)
+
     def allreduce(
         self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
     ) -> np.ndarray:

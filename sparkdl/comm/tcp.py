@@ -53,6 +53,7 @@ from sparkdl.comm.communicator import (
     Communicator,
     Segments,
     TrafficCounters,
+    broadcast_destination,
     reduce_destination,
 )
 from sparkdl.comm.network import listen_on
@@ -396,6 +397,26 @@ class TcpRingCommunicator(Communicator):
         self._pump("broadcast", _OP_BROADCAST, seq, sendq, [step])
         return bytes(result[0])
 
+    def broadcast_into(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        """:meth:`Communicator.broadcast_into`, received straight into ``array`` (no new
+        buffer, no copy) and passed on from there."""
+        n, r = self.world_size, self.rank
+        if not 0 <= root < n:
+            raise ConfigurationError(f"broadcast root: expected 0 <= root < {n}, got {root}")
+        raw = broadcast_destination(array, writable=r != root)
+        if n == 1:
+            return array
+        seq = self._begin()
+        sendq = self._out()
+        if r == root:
+            self._send_frame(sendq, _OP_BROADCAST, 0, seq, raw)
+            self._pump("broadcast", _OP_BROADCAST, seq, sendq, [])
+            return array
+        forward = (r + 1) % n != root
+        step = self._gather_step(0, 0, [b""], sendq, seq, forward, op=_OP_BROADCAST, into=raw)
+        self._pump("broadcast", _OP_BROADCAST, seq, sendq, [step])
+        return array
+
     def barrier(self) -> None:
         self.allgather(b"")
 
@@ -450,8 +471,10 @@ class TcpRingCommunicator(Communicator):
         seq: int,
         forward: bool,
         op: int = _OP_ALLGATHER,
+        into: memoryview | None = None,
     ) -> _RecvStep:
-        """Receive one variable-size message into ``msgs[slot]``, forwarding it if asked."""
+        """Receive one variable-size message into ``msgs[slot]``, forwarding it if asked;
+        with ``into``, a message of exactly ``len(into)`` bytes received straight there."""
 
         def store(buf: bytearray) -> None:
             msgs[slot] = buf
@@ -470,6 +493,8 @@ class TcpRingCommunicator(Communicator):
                 else:
                     sendq.data(view[lo:hi])
 
+        if into is not None:
+            return _RecvStep(k, len(into), lambda length: into, on_header, on_data)
         return _RecvStep(k, None, None, on_header, on_data, store=store)
 
     def _ring_allreduce(self, src: Segments, code: int, out: np.ndarray | None = None

@@ -211,6 +211,10 @@ class TracedCommunicator(Communicator):
         with self._traced("broadcast", message_bytes=size, root=root):
             return self.inner.broadcast(message, root)
 
+    def broadcast_into(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        with self._traced("broadcast", message_bytes=int(array.nbytes), root=root):
+            return self.inner.broadcast_into(array, root)
+
     def barrier(self) -> None:
         with self._traced("barrier"):
             self.inner.barrier()

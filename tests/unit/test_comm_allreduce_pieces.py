@@ -65,6 +65,34 @@ def test_the_hierarchical_communicator_reduces_pieces():
     _check(run_threads(4, _cases, hosts=["a", "a", "b", "b"], topology="auto"))
 
 
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "b"], ["a", "b", "b"], ["a", "b", "a"]])
+def test_the_hierarchical_communicator_reads_pieces_in_place_and_copies_once(monkeypatch, hosts):
+    """Each host's ring reads the pieces where they are (nothing concatenates them into a new
+    array; a host of one rank copies them into ``out``), and the world's sum reaches every
+    rank's ``out``, the same bits everywhere."""
+    concatenate = Segments.concatenate
+
+    def into_out_only(self: Segments, out: Any = None) -> np.ndarray:
+        if out is None:
+            raise AssertionError("the pieces were concatenated into a new array")
+        return concatenate(self, out)
+
+    monkeypatch.setattr(Segments, "concatenate", into_out_only)
+
+    def run(rank: int, comm: Any) -> tuple[bool, np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(rank)
+        pieces = [rng.standard_normal(n).astype(np.float32) for n in (1000, 0, 70_001)]
+        out = np.full(71_001, np.nan, np.float32)
+        got = comm.allreduce_pieces(pieces, "mean", out=out)
+        return got is out, out.copy(), np.concatenate(pieces)
+
+    results = run_threads(len(hosts), run, hosts=hosts, topology="auto")
+    assert [r[0] for r in results] == [True] * len(hosts)
+    assert all(r[1].tobytes() == results[0][1].tobytes() for r in results)
+    expected = np.mean([r[2] for r in results], axis=0)
+    np.testing.assert_allclose(results[0][1], expected, rtol=1e-5, atol=1e-6)
+
+
 def test_the_allgather_transport_reduces_pieces():
     _check(run_allgather_transport(_cases, 2))
 

@@ -137,6 +137,8 @@ def _traced_collectives(rank: int, world: int, exchange) -> list[dict]:
         comm.allgather(b"x" * (1000 * (rank + 1)))
         comm.allreduce(np.ones(256, np.float32), "mean")
         comm.broadcast_array(np.arange(10, dtype=np.float64))
+        into = np.arange(6, dtype=np.float32) * (rank == 0)
+        assert comm.broadcast_into(into, 0) is into and into.tolist() == list(range(6))
         comm.barrier()
     return recorder.events
 
@@ -144,8 +146,9 @@ def _traced_collectives(rank: int, world: int, exchange) -> list[dict]:
 def test_collectives_record_their_message_and_the_bytes_they_moved() -> None:
     ranks = values(run_ranks(_traced_collectives, 2))
     for rank, events in enumerate(ranks):
-        assert [e["name"] for e in events] == ["allgather", "allreduce", "broadcast", "barrier"]
-        gather, reduce, broadcast, _ = (e["args"] for e in events)
+        assert [e["name"] for e in events] == ["allgather", "allreduce", "broadcast",
+                                               "broadcast", "barrier"]
+        gather, reduce, broadcast, into, _ = (e["args"] for e in events)
         assert all(e["cat"] == "comm" for e in events)
         assert gather["message_bytes"] == 1000 * (rank + 1)
         assert gather["bytes_sent"] >= 1000 * (rank + 1)  # at least its own message
@@ -154,6 +157,8 @@ def test_collectives_record_their_message_and_the_bytes_they_moved() -> None:
         assert reduce["bytes_sent"] > 0 and reduce["bytes_received"] > 0
         assert broadcast["message_bytes"] == (80 if rank == 0 else 0)
         assert broadcast["root"] == 0
+        assert into["message_bytes"] == 24 and into["root"] == 0  # the array's, every rank
+        assert into["bytes_sent" if rank == 0 else "bytes_received"] >= 24
 
 
 def test_fit_options_and_config_reject_a_bad_timeline() -> None:
