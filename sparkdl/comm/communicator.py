@@ -49,6 +49,19 @@ def reduce_destination(array: np.ndarray | Segments, out: np.ndarray | None
     return out.reshape(-1)
 
 
+def check_reduce_op(op: str) -> None:
+    """A clear error unless ``op`` is an allreduce op every transport has."""
+    if op not in ("sum", "mean"):
+        raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
+
+
+def check_broadcast_root(root: int, world_size: int) -> None:
+    """A clear error unless ``root`` is a rank of a world of ``world_size``."""
+    if not 0 <= root < world_size:
+        raise ConfigurationError(
+            f"broadcast root: expected 0 <= root < {world_size}, got {root}")
+
+
 def broadcast_destination(array: np.ndarray, *, writable: bool) -> memoryview:
     """``array``'s bytes, to broadcast from (the root) or into (``writable``); a clear error
     when ``array`` is not a C-contiguous numpy array, or not writable where it must be."""

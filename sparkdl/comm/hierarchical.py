@@ -41,7 +41,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sparkdl.comm.communicator import Communicator, TrafficCounters, reduce_destination
+from sparkdl.comm.communicator import (
+    Communicator,
+    TrafficCounters,
+    check_broadcast_root,
+    check_reduce_op,
+    reduce_destination,
+)
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 #: ``cluster.topology`` values.
@@ -81,11 +87,6 @@ def unpack_bundle(data: bytes | memoryview, expected: int) -> list[bytes]:
         out.append(bytes(data[at : at + length]))
         at += length
     return out
-
-
-def _check_op(op: str) -> None:
-    if op not in ("sum", "mean"):
-        raise ConfigurationError(f"allreduce op must be 'sum' or 'mean', got {op!r}")
 
 
 def host_groups(hosts: Sequence[str]) -> list[list[int]]:
@@ -188,7 +189,7 @@ class HierarchicalCommunicator(Communicator):
     def allreduce(
         self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
     ) -> np.ndarray:
-        _check_op(op)
+        check_reduce_op(op)
         reduce_destination(np.asarray(array), out)
         host = self.local.allreduce(array, "sum", out=self._host_sum(out))
         return self._across_and_back(host, op, out)
@@ -196,7 +197,7 @@ class HierarchicalCommunicator(Communicator):
     def allreduce_pieces(
         self, pieces: Sequence[np.ndarray], op: str = "sum", *, out: np.ndarray | None = None
     ) -> np.ndarray:
-        _check_op(op)
+        check_reduce_op(op)
         # the host's communicator reads the pieces in place (the TCP ring never concatenates)
         host = self.local.allreduce_pieces(pieces, "sum", out=self._host_sum(out))
         return self._across_and_back(host, op, out)
@@ -227,10 +228,7 @@ class HierarchicalCommunicator(Communicator):
         return total if out is None else out
 
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
-        if not 0 <= root < self.world_size:
-            raise ConfigurationError(
-                f"broadcast root must be in [0, {self.world_size}), got {root}"
-            )
+        check_broadcast_root(root, self.world_size)
         root_host = next(h for h, g in enumerate(self.groups) if root in g)
         data: bytes | None = None
         if self.host == root_host:

@@ -49,7 +49,12 @@ from typing import TypeVar
 import numpy as np
 
 from sparkdl.comm import _auth
-from sparkdl.comm.communicator import Communicator, Segments, reduce_destination
+from sparkdl.comm.communicator import (
+    Communicator,
+    Segments,
+    check_broadcast_root,
+    reduce_destination,
+)
 from sparkdl.comm.network import listen_on
 from sparkdl.comm.tcp import (
     TcpRingCommunicator,
@@ -231,10 +236,8 @@ class MeshCommunicator(Communicator):
         return out
 
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
-        n, r = self.world_size, self.rank
-        if not 0 <= root < n:
-            raise ConfigurationError(f"broadcast root: expected 0 <= root < {n}, got {root}")
-        if r == root and message is None:
+        check_broadcast_root(root, self.world_size)
+        if self.rank == root and message is None:
             raise ConfigurationError("broadcast: the root rank must pass a message, got None")
         if not self._use_mesh(self._last_broadcast):
             out = self.ring.broadcast(message, root)

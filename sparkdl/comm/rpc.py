@@ -11,7 +11,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sparkdl.comm.communicator import Communicator, TrafficCounters, reduce_destination
+from sparkdl.comm.communicator import (
+    Communicator,
+    TrafficCounters,
+    check_broadcast_root,
+    check_reduce_op,
+    reduce_destination,
+)
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 _PREFIX = "sdl1"
@@ -129,8 +135,7 @@ class AllGatherCommunicator(Communicator):
     def allreduce(
         self, array: np.ndarray, op: str = "sum", *, out: np.ndarray | None = None
     ) -> np.ndarray:
-        if op not in ("sum", "mean"):
-            raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
+        check_reduce_op(op)
         arr = np.ascontiguousarray(array)
         if arr.dtype not in (np.float32, np.float64):
             raise ConfigurationError(
@@ -155,10 +160,7 @@ class AllGatherCommunicator(Communicator):
         return out
 
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
-        if not 0 <= root < self.world_size:
-            raise ConfigurationError(
-                f"broadcast root: expected 0 <= root < {self.world_size}, got {root}"
-            )
+        check_broadcast_root(root, self.world_size)
         if self.rank == root and message is None:
             raise ConfigurationError("broadcast: the root rank must pass a message, got None")
         mine = message if self.rank == root and message is not None else b""

@@ -54,6 +54,8 @@ from sparkdl.comm.communicator import (
     Segments,
     TrafficCounters,
     broadcast_destination,
+    check_broadcast_root,
+    check_reduce_op,
     reduce_destination,
 )
 from sparkdl.comm.network import listen_on
@@ -200,8 +202,7 @@ def _chunk_of(chunks: list[memoryview], index: int) -> Callable[[int], memoryvie
 
 def _reduce_code(op: str, dtype: np.dtype) -> int:
     """The frame op that sums ``dtype``; a clear error for another ``op`` or dtype."""
-    if op not in ("sum", "mean"):
-        raise ConfigurationError(f"allreduce op: expected 'sum' or 'mean', got {op!r}")
+    check_reduce_op(op)
     code = _DTYPE_OPS.get(dtype)
     if code is None:
         raise ConfigurationError(
@@ -377,45 +378,42 @@ class TcpRingCommunicator(Communicator):
         return [bytes(m) for m in msgs]
 
     def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
-        n, r = self.world_size, self.rank
-        if not 0 <= root < n:
-            raise ConfigurationError(f"broadcast root: expected 0 <= root < {n}, got {root}")
-        if r == root and message is None:
+        check_broadcast_root(root, self.world_size)
+        if self.rank == root and message is None:
             raise ConfigurationError("broadcast: the root rank must pass a message, got None")
-        if n == 1:
-            return bytes(memoryview(message).cast("B"))  # type: ignore[arg-type]
-        seq = self._begin()
-        sendq = self._out()
-        if r == root:
-            data = memoryview(message).cast("B")  # type: ignore[arg-type]
-            self._send_frame(sendq, _OP_BROADCAST, 0, seq, data)
-            self._pump("broadcast", _OP_BROADCAST, seq, sendq, [])
-            return bytes(data)
-        result: list[bytes | bytearray | memoryview] = [b""]
-        forward = (r + 1) % n != root
-        step = self._gather_step(0, 0, result, sendq, seq, forward, op=_OP_BROADCAST)
-        self._pump("broadcast", _OP_BROADCAST, seq, sendq, [step])
-        return bytes(result[0])
+        data = memoryview(message).cast("B") if self.rank == root else None  # type: ignore[arg-type]
+        return bytes(self._broadcast(root, data))
 
     def broadcast_into(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """:meth:`Communicator.broadcast_into`, received straight into ``array`` (no new
         buffer, no copy) and passed on from there."""
+        check_broadcast_root(root, self.world_size)
+        raw = broadcast_destination(array, writable=self.rank != root)
+        self._broadcast(root, raw if self.rank == root else None, into=raw)
+        return array
+
+    def _broadcast(self, root: int, data: memoryview | None, into: memoryview | None = None
+                   ) -> bytes | bytearray | memoryview:
+        """One frame from ``root`` (which passes ``data``) along the ring; returns the payload
+        this rank ends with: ``data`` on the root, else what arrived (in ``into`` when
+        given: a payload of exactly its length)."""
         n, r = self.world_size, self.rank
-        if not 0 <= root < n:
-            raise ConfigurationError(f"broadcast root: expected 0 <= root < {n}, got {root}")
-        raw = broadcast_destination(array, writable=r != root)
-        if n == 1:
-            return array
+        if r == root:
+            assert data is not None
+            if n > 1:
+                seq = self._begin()
+                sendq = self._out()
+                self._send_frame(sendq, _OP_BROADCAST, 0, seq, data)
+                self._pump("broadcast", _OP_BROADCAST, seq, sendq, [])
+            return data
         seq = self._begin()
         sendq = self._out()
-        if r == root:
-            self._send_frame(sendq, _OP_BROADCAST, 0, seq, raw)
-            self._pump("broadcast", _OP_BROADCAST, seq, sendq, [])
-            return array
+        result: list[bytes | bytearray | memoryview] = [b"" if into is None else into]
         forward = (r + 1) % n != root
-        step = self._gather_step(0, 0, [b""], sendq, seq, forward, op=_OP_BROADCAST, into=raw)
+        step = self._gather_step(0, 0, result, sendq, seq, forward, op=_OP_BROADCAST,
+                                 into=into)
         self._pump("broadcast", _OP_BROADCAST, seq, sendq, [step])
-        return array
+        return result[0]
 
     def barrier(self) -> None:
         self.allgather(b"")
