@@ -53,11 +53,12 @@ def configure_logging(level: str = "INFO") -> logging.Logger:
     return logger
 
 
-def quiet_tensorflow() -> None:
-    """Import TensorFlow (once per process) without its native start-up banner, with
-    ``TF_CPP_MIN_LOG_LEVEL=2`` unless the environment sets it."""
+def quiet_tensorflow(load: bool = True) -> None:
+    """Set ``TF_CPP_MIN_LOG_LEVEL=2`` unless the environment sets it (processes started from
+    this one afterwards inherit it); with ``load``, also import TensorFlow (once per process)
+    without its native start-up banner."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if "tensorflow" in sys.modules:
+    if not load or "tensorflow" in sys.modules:
         return
     with filtered_stderr(TF_BANNER):
         import tensorflow  # noqa: F401

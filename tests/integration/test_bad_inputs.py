@@ -187,8 +187,8 @@ def test_cli_bad_csv_is_one_line(tmp_path: Path) -> None:
     path = _csv(tmp_path, [f"{i},{i % 3},{'ab'[i % 2]}" for i in range(30)] + ["7,8,a,surplus"])
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONPATH": str(repo)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkdl.cli", "etl", "--conf", "conf/csv.yaml",
+    proc = subprocess.run(  # -X importtime: every module the driver imports, on stderr
+        [sys.executable, "-X", "importtime", "-m", "sparkdl.cli", "etl", "--conf", "conf/csv.yaml",
          "--set", f"data.dir={tmp_path}/data", "--set", f"output.dir={tmp_path}/run",
          "--set", f"data.options.path={path}",
          "--set", "data.options.columns={x0: double, x1: double, label: string}",
@@ -197,7 +197,11 @@ def test_cli_bad_csv_is_one_line(tmp_path: Path) -> None:
         cwd=repo, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
+    imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:")]
+    assert "sparkdl.etl.readers.csv" in imported  # the stage ran
+    assert "tensorflow" not in imported  # the ETL driver needs no TensorFlow
+    lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("import time:")]
     assert lines[-1].startswith("sparkdl etl: error: CSV file file:") and "surplus" in lines[-1]
     noise = [ln for ln in lines if ln.startswith(("\tat ", "Caused by", "Traceback"))]
     assert noise == [], proc.stderr[-3000:]

@@ -10,8 +10,8 @@
   One seed alone differs by a few test rows either way (the digits test set has 374 rows,
   one row is 0.27 pp), so each seed is held to 3 pp and the mean to 1 pp.
 
-Local processes (``ParallelWrapper``) run the parity fits: the point is the algorithm, and
-they run the Spark barrier task's worker loop without Spark's overhead.
+The parity fits run on the tests' local Spark session (``SparkModel``): its Python workers
+are reused from fit to fit, so TensorFlow is imported once, not once per fit and worker.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from sparkdl.data.files import read_metadata
-from sparkdl.parallel import ParallelWrapper
+from sparkdl.spark_model import SparkModel
 from sparkdl.training.masters import DenseTrainingMaster, SharedTrainingMaster
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -94,21 +94,21 @@ def _master(mode: str, seed: int):  # type: ignore[no-untyped-def]
     return cls(32, 2, seed=seed)
 
 
-def _val_accuracy(model, master, shards: dict, epochs: int) -> float:  # type: ignore[no-untyped-def]
-    fit = ParallelWrapper(model, master, timeout_s=120).fit(
+def _val_accuracy(spark, model, master, shards: dict, epochs: int) -> float:  # type: ignore[no-untyped-def]
+    fit = SparkModel(spark, model, master).fit(
         shards["train"], epochs=epochs, validation_data=shards["test"],
         validation_freq=epochs, verbose=0)
     assert fit.metrics["mode"] == master.mode and fit.metrics["replicas_identical"] is True
     return float(fit.history["val_accuracy"][-1])
 
 
-def test_sharing_matches_dense_accuracy_on_the_digits_mlp(digits_shards, make_mlp):
+def test_sharing_matches_dense_accuracy_on_the_digits_mlp(spark, digits_shards, make_mlp):
     meta = read_metadata(digits_shards["train"])
 
     def fit_one(mode: str, seed: int) -> float:
         model = make_mlp(meta.feature_shape, meta.num_classes, seed=seed)
         assert model.count_params() == 17_226
-        return _val_accuracy(model, _master(mode, seed), digits_shards, epochs=6)
+        return _val_accuracy(spark, model, _master(mode, seed), digits_shards, epochs=6)
 
     _parity(fit_one)
 
@@ -131,6 +131,6 @@ def test_sharing_matches_dense_accuracy_on_the_lenet_conf(spark, tmp_path):
     def fit_one(mode: str, seed: int) -> float:
         keras.utils.set_random_seed(seed)
         model = build_model(conf.model, meta.feature_shape, meta.num_classes)
-        return _val_accuracy(model, _master(mode, seed), shards, epochs=LENET_EPOCHS)
+        return _val_accuracy(spark, model, _master(mode, seed), shards, epochs=LENET_EPOCHS)
 
     _parity(fit_one)
