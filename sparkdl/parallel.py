@@ -196,15 +196,15 @@ def _worker_process(
         # every worker is a child of this machine's driver process: all see the same cores
         cores = plan_cores(current_cpus(), rank, world_size, spec.threads, cpu_affinity)
 
-        def communicator() -> Any:
+        def rendezvous() -> tuple[list[int] | None, Any]:
             exchange = store_exchange(address, rank, world_size, secret=secret,
                                       timeout_s=timeout_s)
-            return create_communicator(
+            return cores, create_communicator(
                 transport, rank, world_size, exchange, secret=secret, timeout_s=timeout_s,
                 wire_integrity=wire_integrity, mesh=mesh,
             )
 
-        result = run_task(spec, communicator, secret=secret, gpus=gpus, cores=cores)
+        result = run_task(spec, rendezvous, secret=secret, gpus=gpus)
         results_queue.put(("ok", result))
     except BaseException as exc:  # report every failure to the parent, then exit non-zero
         results_queue.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))

@@ -89,16 +89,16 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
     host = address.rsplit(":", 1)[0]
     with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)
-    cores = None
     affinity = cluster.get("cpu_affinity", "auto")
-    if affinity != "off":  # the same on every rank: all take part in this allGather or none
-        cpus = current_cpus()
-        key = sharing_key(host, cpus)
-        keys = list(context.allGather(key)) if world > 1 else [key]
-        cores = plan_cores(cpus, *local_group(keys, rank), spec.threads, affinity)
 
-    def communicator() -> Any:
-        return create_communicator(
+    def rendezvous() -> tuple[list[int] | None, Any]:
+        cores = None
+        if affinity != "off":  # the same on every rank: all take part in this allGather or none
+            cpus = current_cpus()
+            key = sharing_key(host, cpus)
+            keys = list(context.allGather(key)) if world > 1 else [key]
+            cores = plan_cores(cpus, *local_group(keys, rank), spec.threads, affinity)
+        communicator = create_communicator(
             cluster["transport"], rank, world,
             lambda message: list(context.allGather(message)),
             secret=secret, timeout_s=cluster["timeout_s"],
@@ -108,5 +108,6 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
             topology=cluster.get("topology", "flat"), mesh=cluster.get("mesh", "plain"),
             host_id=host,
         )
+        return cores, communicator
 
-    return run_task(spec, communicator, secret=secret, gpus=gpus, cores=cores)
+    return run_task(spec, rendezvous, secret=secret, gpus=gpus)

@@ -2,41 +2,91 @@
 
 A launcher (a barrier-mode Spark stage, :mod:`sparkdl.spark.launcher`; or local processes,
 :mod:`sparkdl.parallel`) starts one task per worker; each task pins its GPUs, then calls
-:func:`run_task` with a way to open its :class:`~sparkdl.comm.Communicator` (rendezvous
-through ``BarrierTaskContext.allGather`` or a local TCP store).
+:func:`run_task` with its :data:`Rendezvous`: a function that meets the other workers
+(through ``BarrierTaskContext.allGather`` or a local TCP store) and returns this worker's
+cores and its open :class:`~sparkdl.comm.Communicator`.
+
+The rendezvous runs on a helper thread while TensorFlow imports: the import takes seconds of
+CPU, and each round of Spark's ``allGather`` takes up to a second of waiting (the barrier
+polls once a second), so the two overlap instead of adding up.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sparkdl.comm import Communicator
     from sparkdl.training.summary import WorkerResult
     from sparkdl.training.worker import WorkerSpec
 
+#: Meets the other workers; returns this worker's cores (``None``: leave them as they are)
+#: and its open communicator.
+Rendezvous = Callable[[], "tuple[Sequence[int] | None, Communicator]"]
+
 
 def run_task(
     spec: WorkerSpec,
-    communicator_factory: Callable[[], Communicator],
+    rendezvous: Rendezvous,
     *,
     secret: bytes,
     gpus: Sequence[str] | None = None,
-    cores: Sequence[int] | None = None,
 ) -> WorkerResult:
-    """One worker: run on ``cores`` (every thread; restored after, see :mod:`sparkdl.cpus`),
-    configure TensorFlow for its threads and GPUs (the GPUs already pinned by the launcher,
-    before TensorFlow loaded), open the communicator, train, close it."""
+    """One worker: meet the others while TensorFlow imports, then run on the cores the
+    rendezvous chose (every thread; restored after, see :mod:`sparkdl.cpus`), configure
+    TensorFlow for its threads and GPUs (the GPUs already pinned by the launcher, before
+    TensorFlow loaded), train, close the communicator."""
     from sparkdl.cpus import pinned
     from sparkdl.training.worker import configure_tensorflow, run_worker
 
-    with pinned(cores) as cpus:
-        configure_tensorflow(spec.threads, list(gpus) if gpus else None)
-        comm = communicator_factory()
-        try:
+    cores, comm = meet_while_tensorflow_imports(rendezvous)
+    try:
+        with pinned(cores) as cpus:
+            configure_tensorflow(spec.threads, list(gpus) if gpus else None)
             result = run_worker(spec, comm, secret=secret)
-        finally:
-            comm.close()
+    finally:
+        comm.close()
     result.cpus = cpus
+    return result
+
+
+def meet_while_tensorflow_imports(
+    rendezvous: Rendezvous,
+) -> tuple[Sequence[int] | None, Communicator]:
+    """Run ``rendezvous`` on a helper thread while this thread imports TensorFlow; return
+    its result or raise its error. If the import fails, the error propagates at once and a
+    communicator the helper opens later is closed by the helper."""
+    from sparkdl.logs import quiet_tensorflow
+
+    lock = threading.Lock()
+    outcome: dict[str, Any] = {}
+
+    def meet() -> None:
+        try:
+            value = rendezvous()
+        except BaseException as exc:  # re-raised on the task's thread
+            outcome["error"] = exc
+            return
+        with lock:
+            if outcome.get("abandoned"):
+                value[1].close()
+            else:
+                outcome["value"] = value
+
+    helper = threading.Thread(target=meet, name="sparkdl-rendezvous", daemon=True)
+    helper.start()
+    try:
+        quiet_tensorflow()
+    except BaseException:
+        with lock:
+            outcome["abandoned"] = True
+            if "value" in outcome:
+                outcome["value"][1].close()
+        raise
+    helper.join()  # bounded: Spark's barrier and the communicator's timeout_s
+    if "error" in outcome:
+        raise outcome["error"]
+    result: tuple[Sequence[int] | None, Communicator] = outcome["value"]
     return result
