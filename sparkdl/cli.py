@@ -22,9 +22,16 @@ from sparkdl import __version__
 from sparkdl.confs import lookup_help, resolve_conf
 from sparkdl.errors import SparkDLError
 from sparkdl.job_output import check_json_out, emit_result, fail
-from sparkdl.logs import LEVELS, configure_logging, quiet_tensorflow
+from sparkdl.logs import (
+    LEVELS,
+    configure_logging,
+    quiet_tensorflow,
+    tensorflow_imported_meanwhile,
+)
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from sparkdl.config import JobConfig
 
 STAGES = {
@@ -148,17 +155,20 @@ def run_stage(args: argparse.Namespace) -> int:
     """Run one stage on Spark: preflight (no Spark), start Spark, run, stop Spark."""
     stage = args.command
     configure_logging(args.log_level)
-    quiet_tensorflow(load=stage in MODEL_STAGES)
+    quiet_tensorflow(load=False)  # the log level only: TensorFlow loads beside Spark below
     from sparkdl import stages
-    from sparkdl.preflight import preflight
-    from sparkdl.session import get_spark
+    from sparkdl.preflight import MODEL_CHECKED, check_model, preflight
 
     spark = None
     try:
         check_json_out(args.json_out)
         config = load_job_config(args.conf, args.overrides)
-        preflight(config, stage)  # everything checkable without Spark, before Spark starts
-        spark = get_spark(config.cluster)
+        # everything checkable without Spark before Spark starts; the model (it needs
+        # TensorFlow, which imports while Spark starts) just after
+        preflight(config, stage, model=False)
+        spark = start_spark(config, load_tensorflow=stage in MODEL_STAGES)
+        if stage in MODEL_CHECKED:
+            check_model(config)
         run = getattr(stages, f"run_{stage}")
         resume = {"resume": True} if getattr(args, "resume", False) else {}
         result = run(config, spark, **resume)
@@ -169,6 +179,26 @@ def run_stage(args: argparse.Namespace) -> int:
             spark.stop()  # a job owns its session; stopping it lets executors exit cleanly
     emit_result(result, args.json_out)  # one JSON object, the last line
     return 0
+
+
+def start_spark(config: JobConfig, *, load_tensorflow: bool) -> SparkSession:
+    """Start (or join) the stage's Spark session; with ``load_tensorflow``, import TensorFlow
+    meanwhile on a helper thread where that is safe
+    (:func:`sparkdl.session.starts_beside_tensorflow`), else before: each takes seconds."""
+    from sparkdl.session import get_spark, starts_beside_tensorflow
+
+    if not (load_tensorflow and starts_beside_tensorflow(config.cluster)):
+        quiet_tensorflow(load=load_tensorflow)
+        return get_spark(config.cluster)
+    spark = None
+    try:
+        with tensorflow_imported_meanwhile() as jvm_stderr:
+            spark = get_spark(config.cluster, jvm_stderr=jvm_stderr)
+    except BaseException:
+        if spark is not None:  # the import failed
+            spark.stop()
+        raise
+    return spark
 
 
 def run_samples(args: argparse.Namespace) -> int:

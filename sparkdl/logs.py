@@ -15,9 +15,12 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 
 LOGGER = "sparkdl"
+#: How long :func:`tensorflow_imported_meanwhile` waits for the import after its block.
+IMPORT_TIMEOUT_S = 600.0
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 #: TensorFlow's start-up lines that say nothing a user can act on.
@@ -62,6 +65,46 @@ def quiet_tensorflow(load: bool = True) -> None:
         return
     with filtered_stderr(TF_BANNER):
         import tensorflow  # noqa: F401
+
+
+@contextlib.contextmanager
+def tensorflow_imported_meanwhile() -> Iterator[int | None]:
+    """Import TensorFlow as :func:`quiet_tensorflow` does, on a helper thread while the block
+    runs; at the block's end wait for it and raise its error, if any.
+
+    The import's banner filter captures descriptor 2 meanwhile, so a child process the block
+    starts would write its stderr into the capture: the block gets a duplicate of the real
+    descriptor 2 to hand to such a child (``None`` where nothing is captured: TensorFlow
+    already loaded, or a stderr without a descriptor, as in a notebook).
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" in sys.modules:
+        yield None
+        return
+    try:
+        real_stderr: int | None = os.dup(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        real_stderr = None
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            quiet_tensorflow()
+        except BaseException as exc:  # raised on the caller's thread
+            errors.append(exc)
+
+    helper = threading.Thread(target=load, name="sparkdl-import-tensorflow", daemon=True)
+    helper.start()
+    try:
+        yield real_stderr
+    finally:
+        helper.join(IMPORT_TIMEOUT_S)
+        if real_stderr is not None:
+            os.close(real_stderr)
+    if helper.is_alive():
+        raise TimeoutError(f"TensorFlow did not finish importing in {IMPORT_TIMEOUT_S:.0f} s")
+    if errors:
+        raise errors[0]
 
 
 @contextlib.contextmanager

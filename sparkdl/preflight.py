@@ -19,6 +19,8 @@ from sparkdl.config import JobConfig
 from sparkdl.errors import ConfigurationError
 
 STAGES = ("etl", "train", "evaluate", "predict", "pipeline")
+#: The stages whose model :func:`check_model` checks (they build one).
+MODEL_CHECKED = ("train", "pipeline")
 
 # Pipelines whose ``run(**options)`` passes unknown options on to another pipeline's ``run``.
 _FORWARDS = {"iris": "csv"}
@@ -28,8 +30,10 @@ _COMMON = ("test_fraction", "seed", "normalizer", "nan_policy", "num_files", "nu
            "rows_per_group")  # the options check_common takes
 
 
-def preflight(config: JobConfig, stage: str) -> None:
-    """Check everything ``stage`` of ``config`` needs that can be checked without Spark.
+def preflight(config: JobConfig, stage: str, *, model: bool = True) -> None:
+    """Check everything ``stage`` of ``config`` needs that can be checked without Spark;
+    without ``model``, all but :func:`check_model` (which imports Keras: the CLI checks the
+    model while TensorFlow loads beside Spark's start).
 
     Raises:
         ConfigurationError: naming the key (``data.options.seed``, ``output.dir``, ...).
@@ -48,8 +52,9 @@ def preflight(config: JobConfig, stage: str) -> None:
             for uri in shard_uris(config):
                 if _local(uri) is not None:
                     check_replaceable(uri)
-    if stage in ("train", "pipeline"):
-        check_model(config)
+    if stage in MODEL_CHECKED:
+        if model:
+            check_model(config)
         training = config.training
         for key, value in (("training.checkpoint_dir", training.checkpoint_dir),
                            ("training.tensorboard_dir", training.tensorboard_dir),

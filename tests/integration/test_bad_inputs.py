@@ -208,6 +208,31 @@ def test_cli_bad_csv_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
 
 
+def test_cli_bad_model_is_one_line_after_spark_started_beside_tensorflow(tmp_path: Path) -> None:
+    """The train stage checks the model once TensorFlow, imported while Spark started, is
+    there: one line, exit 2, nothing written."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONPATH": str(repo)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkdl.cli", "train", "--conf", "conf/digits.yaml",
+         "--set", f"data.dir={tmp_path}/data", "--set", f"output.dir={tmp_path}/run",
+         "--set", "model.optimizer.name=sgdx"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=400, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("sparkdl train: error: model.optimizer.name: unknown optimizer "
+                                "'sgdx'"), proc.stderr[-3000:]
+    noise = [ln for ln in lines if ln.startswith(("\tat ", "Caused by", "Traceback"))
+             or "oneDNN" in ln or "absl::InitializeLog" in ln]
+    assert noise == [], proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 # --- item 1 for predictions: replaced only when sparkdl wrote them ---------------------------
 
 def test_predictions_replace_only_their_own(spark, tmp_path: Path, digits_shards,

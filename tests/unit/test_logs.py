@@ -1,5 +1,6 @@
-"""sparkdl.logs.quiet_tensorflow without ``load``, in fresh interpreters (this one may have
-TensorFlow loaded already). Its import with ``load``: test_jobs.py's banner check."""
+"""sparkdl.logs.quiet_tensorflow without ``load``, and tensorflow_imported_meanwhile, in fresh
+interpreters (this one may have TensorFlow loaded already). quiet_tensorflow's import with
+``load``: test_jobs.py's banner check."""
 
 from __future__ import annotations
 
@@ -38,3 +39,40 @@ def test_a_users_own_log_level_is_kept():
     found = _probe(load=False, TF_CPP_MIN_LOG_LEVEL="0")
     assert found == {"level": "0", "loaded": False}
 
+
+
+MEANWHILE = """
+import subprocess, sys, threading
+from sparkdl.logs import tensorflow_imported_meanwhile
+with tensorflow_imported_meanwhile() as real_stderr:
+    helper = [t.name for t in threading.enumerate() if t.name == "sparkdl-import-tensorflow"]
+    # what a driver JVM started here does: write to the descriptor it was handed
+    subprocess.run([sys.executable, "-c", "import sys; print('child line', file=sys.stderr)"],
+                   stderr=real_stderr, check=True, timeout=60)
+print(helper, "tensorflow" in sys.modules)
+"""
+
+
+def test_tensorflow_imports_on_a_helper_thread_while_a_child_writes_to_the_real_stderr():
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "0"}
+    proc = subprocess.run([sys.executable, "-c", MEANWHILE], env=environment,
+                          capture_output=True, text=True, timeout=180, check=True)
+    assert proc.stdout.split() == ["['sparkdl-import-tensorflow']", "True"]
+    assert "child line" in proc.stderr  # not lost in the banner filter's capture
+    # at level 0 TensorFlow prints its banner: the helper's filter dropped it
+    assert "oneDNN" not in proc.stderr and "absl::InitializeLog" not in proc.stderr, proc.stderr
+
+
+def test_a_failed_import_is_raised_at_the_end_of_the_block(tmp_path):
+    broken = tmp_path / "tensorflow"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('libtensorflow_cc.so.2: not found')\n")
+    probe = ("from sparkdl.logs import tensorflow_imported_meanwhile\n"
+             "with tensorflow_imported_meanwhile():\n"
+             "    print('block ran')\n")
+    environment = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    proc = subprocess.run([sys.executable, "-c", probe], env=environment,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1
+    assert proc.stdout == "block ran\n"
+    assert "ImportError: libtensorflow_cc.so.2: not found" in proc.stderr

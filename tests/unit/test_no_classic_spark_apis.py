@@ -14,8 +14,11 @@ CLASSIC_ONLY = re.compile(
 #: the benchmark harnesses drive their own classic standalone cluster: a line there may use
 #: a classic-only API when it says so (``# classic-only``)
 HARNESS = "sparkdl/benchmarks/"
-# get_spark starting a classic session under spark-submit (its JVM is already running)
-ALLOWED = {"from pyspark import SparkConf, SparkContext", "SparkContext._ensure_initialized()"}
+# get_spark starting a classic session: under spark-submit (its JVM is already running), or
+# launching the driver JVM with its stderr named (sparkdl.session.get_spark's jvm_stderr)
+ALLOWED = {"from pyspark import SparkConf, SparkContext", "SparkContext._ensure_initialized()",
+           "if jvm_stderr is not None and SparkContext._gateway is None and not _connect(cluster):",
+           "SparkContext._ensure_initialized(gateway=gateway)"}
 
 
 def test_the_library_uses_no_classic_only_spark_api():
