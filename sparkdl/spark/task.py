@@ -9,6 +9,7 @@ A failure is recorded as a :class:`~sparkdl.spark.attempts.TaskFailure` before i
 from __future__ import annotations
 
 import contextlib
+import json
 import pickle
 import socket
 from collections.abc import Callable, Iterator
@@ -92,15 +93,21 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
     affinity = cluster.get("cpu_affinity", "auto")
 
     def rendezvous() -> tuple[list[int] | None, Any]:
-        cores = None
-        if affinity != "off":  # the same on every rank: all take part in this allGather or none
-            cpus = current_cpus()
-            key = sharing_key(host, cpus)
-            keys = list(context.allGather(key)) if world > 1 else [key]
-            cores = plan_cores(cpus, *local_group(keys, rank), spec.threads, affinity)
+        # the cores' sharing key rides on the communicator's first allGather: each round of
+        # Spark's barrier waits up to a second. The same on every rank: all send it or none.
+        cpus = current_cpus()
+        key = sharing_key(host, cpus) if affinity != "off" else None
+        keys: list[str] = []
+
+        def exchange(message: str) -> list[str]:
+            if key is None or keys:
+                return list(context.allGather(message))
+            replies = [json.loads(reply) for reply in context.allGather(json.dumps([key, message]))]
+            keys.extend(their_key for their_key, _ in replies)
+            return [their_message for _, their_message in replies]
+
         communicator = create_communicator(
-            cluster["transport"], rank, world,
-            lambda message: list(context.allGather(message)),
+            cluster["transport"], rank, world, exchange,
             secret=secret, timeout_s=cluster["timeout_s"],
             network_mask=cluster["network_mask"], default_host=host,
             port_range=parse_port_range(cluster["port_range"]),
@@ -108,6 +115,10 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
             topology=cluster.get("topology", "flat"), mesh=cluster.get("mesh", "plain"),
             host_id=host,
         )
-        return cores, communicator
+        if key is None:
+            return None, communicator
+        if not keys:  # the transport exchanged nothing on connecting (Spark RPC)
+            keys.extend(context.allGather(key) if world > 1 else [key])
+        return plan_cores(cpus, *local_group(keys, rank), spec.threads, affinity), communicator
 
     return run_task(spec, rendezvous, secret=secret, gpus=gpus)
