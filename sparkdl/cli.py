@@ -190,6 +190,11 @@ def start_spark(config: JobConfig, *, load_tensorflow: bool) -> SparkSession:
     if not (load_tensorflow and starts_beside_tensorflow(config.cluster)):
         quiet_tensorflow(load=load_tensorflow)
         return get_spark(config.cluster)
+    # pyspark's modules imported before the helper thread starts, so that the threads seldom
+    # import one module at once (Python's per-module import locks keep that safe anyway)
+    import pyspark.java_gateway
+    import pyspark.sql  # noqa: F401
+
     spark = None
     try:
         with tensorflow_imported_meanwhile() as jvm_stderr:
