@@ -236,8 +236,9 @@ def run_report(args: argparse.Namespace) -> int:
 
 def run_validate(args: argparse.Namespace) -> int:
     """Check a configuration the way every stage does before Spark starts."""
-    quiet_tensorflow(load=args.stage in MODEL_STAGES)
-    from sparkdl.preflight import preflight
+    from sparkdl.preflight import MODEL_CHECKED, preflight
+
+    quiet_tensorflow(load=args.stage in MODEL_CHECKED)  # only a model check needs it
 
     try:
         check_json_out(args.json_out)

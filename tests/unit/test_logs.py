@@ -1,5 +1,6 @@
-"""sparkdl.logs.quiet_tensorflow without ``load``, and tensorflow_imported_meanwhile, in fresh
-interpreters (this one may have TensorFlow loaded already). quiet_tensorflow's import with
+"""sparkdl.logs.quiet_tensorflow without ``load``, tensorflow_imported_meanwhile, and which
+``sparkdl validate`` stages import TensorFlow, in fresh interpreters (this one may have
+TensorFlow loaded already). quiet_tensorflow's import with
 ``load``: test_jobs.py's banner check."""
 
 from __future__ import annotations
@@ -10,20 +11,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, os, sys
 from sparkdl.logs import quiet_tensorflow
-quiet_tensorflow(load={load})
-print(json.dumps({{"level": os.environ.get("TF_CPP_MIN_LOG_LEVEL"),
-                  "loaded": "tensorflow" in sys.modules}}))
+quiet_tensorflow(load=False)
+print(json.dumps({"level": os.environ.get("TF_CPP_MIN_LOG_LEVEL"),
+                  "loaded": "tensorflow" in sys.modules}))
 """
 
 
-def _probe(load: bool, **env: str) -> dict:
+def _probe(**env: str) -> dict:
     environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     environment.update(PYTHONPATH=str(REPO), **env)
-    proc = subprocess.run([sys.executable, "-c", PROBE.format(load=load)], env=environment,
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=environment,
                           capture_output=True, text=True, timeout=120, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -31,12 +34,12 @@ def _probe(load: bool, **env: str) -> dict:
 def test_without_load_it_only_quiets_the_processes_started_later():
     """What the ETL stage's driver does: it sets the log level as every stage does, and does
     not import TensorFlow."""
-    found = _probe(load=False)
+    found = _probe()
     assert found == {"level": "2", "loaded": False}
 
 
 def test_a_users_own_log_level_is_kept():
-    found = _probe(load=False, TF_CPP_MIN_LOG_LEVEL="0")
+    found = _probe(TF_CPP_MIN_LOG_LEVEL="0")
     assert found == {"level": "0", "loaded": False}
 
 
@@ -76,3 +79,16 @@ def test_a_failed_import_is_raised_at_the_end_of_the_block(tmp_path):
     assert proc.returncode == 1
     assert proc.stdout == "block ran\n"
     assert "ImportError: libtensorflow_cc.so.2: not found" in proc.stderr
+
+
+@pytest.mark.parametrize(("stage", "loads"), [("evaluate", False), ("predict", False),
+                                               ("train", True)])
+def test_validate_imports_tensorflow_only_to_check_a_model(stage, loads):
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "sparkdl.cli", "validate", "--stage", stage,
+         "--conf", str(REPO / "conf" / "digits.yaml")],
+        env=environment, cwd=REPO, capture_output=True, text=True, timeout=180, check=True)
+    imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:")]
+    assert ("tensorflow" in imported) is loads
