@@ -32,8 +32,8 @@ _COMMON = ("test_fraction", "seed", "normalizer", "nan_policy", "num_files", "nu
 
 def preflight(config: JobConfig, stage: str, *, model: bool = True) -> None:
     """Check everything ``stage`` of ``config`` needs that can be checked without Spark;
-    without ``model``, all but :func:`check_model` (which imports Keras: the CLI checks the
-    model while TensorFlow loads beside Spark's start).
+    without ``model``, all but :func:`check_model` (which needs Keras: the CLI checks the
+    model just after Spark has started, TensorFlow having imported meanwhile).
 
     Raises:
         ConfigurationError: naming the key (``data.options.seed``, ``output.dir``, ...).
