@@ -6,16 +6,15 @@ A launcher (a barrier-mode Spark stage, :mod:`sparkdl.spark.launcher`; or local 
 (through ``BarrierTaskContext.allGather`` or a local TCP store) and returns this worker's
 cores and its open :class:`~sparkdl.comm.Communicator`.
 
-The rendezvous runs on a helper thread while TensorFlow imports: the import takes seconds of
+The rendezvous runs while TensorFlow imports on a helper thread: the import takes seconds of
 CPU, and each round of Spark's ``allGather`` takes up to a second of waiting (the barrier
 polls once a second), so the two overlap instead of adding up.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sparkdl.comm import Communicator
@@ -55,38 +54,18 @@ def run_task(
 def meet_while_tensorflow_imports(
     rendezvous: Rendezvous,
 ) -> tuple[Sequence[int] | None, Communicator]:
-    """Run ``rendezvous`` on a helper thread while this thread imports TensorFlow; return
-    its result or raise its error. If the import fails, the error propagates at once and a
-    communicator the helper opens later is closed by the helper."""
-    from sparkdl.logs import quiet_tensorflow
+    """Run ``rendezvous`` while TensorFlow imports on a helper thread
+    (:func:`~sparkdl.logs.tensorflow_imported_meanwhile`); return its result, or raise its
+    error, else the import's (closing the communicator the rendezvous opened)."""
+    from sparkdl.logs import tensorflow_imported_meanwhile
 
-    lock = threading.Lock()
-    outcome: dict[str, Any] = {}
-
-    def meet() -> None:
-        try:
-            value = rendezvous()
-        except BaseException as exc:  # re-raised on the task's thread
-            outcome["error"] = exc
-            return
-        with lock:
-            if outcome.get("abandoned"):
-                value[1].close()
-            else:
-                outcome["value"] = value
-
-    helper = threading.Thread(target=meet, name="sparkdl-rendezvous", daemon=True)
-    helper.start()
+    met: tuple[Sequence[int] | None, Communicator] | None = None
     try:
-        quiet_tensorflow()
+        with tensorflow_imported_meanwhile():
+            met = rendezvous()
     except BaseException:
-        with lock:
-            outcome["abandoned"] = True
-            if "value" in outcome:
-                outcome["value"][1].close()
+        if met is not None:
+            met[1].close()
         raise
-    helper.join()  # bounded: Spark's barrier and the communicator's timeout_s
-    if "error" in outcome:
-        raise outcome["error"]
-    result: tuple[Sequence[int] | None, Communicator] = outcome["value"]
-    return result
+    assert met is not None  # the block ran to its end
+    return met

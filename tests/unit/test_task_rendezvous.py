@@ -1,8 +1,9 @@
-"""The worker meets its peers on a helper thread while TensorFlow imports
+"""The worker meets its peers while TensorFlow imports on a helper thread
 (sparkdl.training.task.meet_while_tensorflow_imports)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -19,10 +20,19 @@ class FakeComm:
         self.closed.set()
 
 
-def test_the_rendezvous_runs_while_tensorflow_imports(monkeypatch):
+@pytest.fixture
+def tensorflow_not_loaded(monkeypatch):
+    """As in a fresh worker: TensorFlow not imported yet (restored afterwards)."""
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    return monkeypatch
+
+
+def test_the_rendezvous_runs_while_tensorflow_imports(tensorflow_not_loaded):
     importing, met = threading.Event(), threading.Event()
+    caller = threading.current_thread()
 
     def import_tensorflow() -> None:
+        assert threading.current_thread() is not caller
         importing.set()
         # returns only once the rendezvous ran meanwhile: it would wait in vain were the two
         # run one after the other
@@ -32,43 +42,54 @@ def test_the_rendezvous_runs_while_tensorflow_imports(monkeypatch):
 
     def rendezvous():
         assert importing.wait(10)
-        assert threading.current_thread() is not threading.main_thread()
         met.set()
         return [0, 1], comm
 
-    monkeypatch.setattr(sparkdl.logs, "quiet_tensorflow", import_tensorflow)
+    tensorflow_not_loaded.setattr(sparkdl.logs, "quiet_tensorflow", import_tensorflow)
     assert meet_while_tensorflow_imports(rendezvous) == ([0, 1], comm)
     assert not comm.closed.is_set()
 
 
-def test_a_failed_rendezvous_raises_its_own_error(monkeypatch):
-    monkeypatch.setattr(sparkdl.logs, "quiet_tensorflow", lambda: None)
+def test_a_failed_rendezvous_raises_its_own_error(tensorflow_not_loaded):
+    def import_tensorflow() -> None:
+        raise ImportError("not this one")
 
     def rendezvous():
         raise ValueError("rank 1 never came")
 
+    tensorflow_not_loaded.setattr(sparkdl.logs, "quiet_tensorflow", import_tensorflow)
     with pytest.raises(ValueError, match="rank 1 never came"):
         meet_while_tensorflow_imports(rendezvous)
 
 
-@pytest.mark.parametrize("rendezvous_ends", ["before", "after"])
-def test_a_failed_import_closes_the_communicator_whenever_it_opens(monkeypatch,
-                                                                    rendezvous_ends):
-    comm, may_open, opened = FakeComm(), threading.Event(), threading.Event()
+@pytest.mark.parametrize("import_fails", ["before the peers meet", "after they met"])
+def test_a_failed_import_closes_the_communicator(tensorflow_not_loaded, import_fails):
+    comm, failed, opened = FakeComm(), threading.Event(), threading.Event()
 
     def import_tensorflow() -> None:
-        if rendezvous_ends == "before":
-            may_open.set()
+        if import_fails == "after they met":
             assert opened.wait(10)
+        failed.set()
         raise ImportError("libtensorflow_framework.so.2: cannot open shared object file")
 
     def rendezvous():
-        assert may_open.wait(10)
+        if import_fails == "before the peers meet":
+            assert failed.wait(10)
         opened.set()
         return None, comm
 
-    monkeypatch.setattr(sparkdl.logs, "quiet_tensorflow", import_tensorflow)
+    tensorflow_not_loaded.setattr(sparkdl.logs, "quiet_tensorflow", import_tensorflow)
     with pytest.raises(ImportError, match="libtensorflow_framework"):
         meet_while_tensorflow_imports(rendezvous)
-    may_open.set()  # "after": the peers arrive once the import has already failed
-    assert comm.closed.wait(10), "the communicator opened after the failure was left open"
+    assert comm.closed.is_set(), "the communicator was left open"
+
+
+def test_with_tensorflow_loaded_the_rendezvous_alone_runs(monkeypatch):
+    import tensorflow  # noqa: F401  (a reused Python worker: loaded by an earlier task)
+
+    def import_tensorflow() -> None:
+        raise AssertionError("TensorFlow imported a second time")
+
+    comm = FakeComm()
+    monkeypatch.setattr(sparkdl.logs, "quiet_tensorflow", import_tensorflow)
+    assert meet_while_tensorflow_imports(lambda: (None, comm)) == (None, comm)
