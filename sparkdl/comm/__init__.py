@@ -5,7 +5,7 @@ Nothing here imports Spark or TensorFlow.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sparkdl.comm.communicator import Communicator, TrafficCounters
 from sparkdl.comm.hierarchical import (
@@ -60,6 +60,7 @@ def create_communicator(
     topology: str = "flat",
     host_id: str | None = None,
     mesh: str = "plain",
+    hosts: Sequence[str] | None = None,
 ) -> Communicator:
     """Build the communicator for ``transport``: ``"tcp"`` (direct ring between workers,
     addresses exchanged through ``exchange``) or ``"spark"`` (everything through
@@ -71,7 +72,9 @@ def create_communicator(
     (:class:`~sparkdl.comm.hierarchical.HierarchicalCommunicator`); ``"auto"`` hierarchical
     when there is more than one host and some host runs two ranks or more. A rank's host is
     ``host_id`` (default: its bind address, e.g. the executor's host address); learning the
-    hosts takes one more round of ``exchange`` unless the topology is flat.
+    hosts takes one more round of ``exchange`` unless the topology is flat, or unless the
+    caller knows every rank's host: ``hosts`` (``hosts[r]`` rank ``r``'s, the same list on
+    every rank, e.g. a Spark barrier stage's task addresses).
 
     ``mesh`` (``cluster.mesh``, TCP only; DL4J's ``MeshBuildMode``): ``"plain"`` the ring;
     ``"mesh"`` log-depth allgather, broadcast and allreduce over extra links
@@ -102,7 +105,12 @@ def create_communicator(
 
         if topology == "flat" or world_size == 1:
             return ring(rank, world_size, exchange)
-        hosts = exchange(host_id or host)
+        if hosts is None:
+            hosts = exchange(host_id or host)
+        elif len(hosts) != world_size:
+            raise ConfigurationError(
+                f"hosts: expected one per rank ({world_size}), got {len(hosts)}: {list(hosts)}"
+            )
         if not wants_hierarchy(topology, hosts):
             return ring(rank, world_size, exchange)
         return connect_hierarchical(rank, world_size, exchange, ring, hosts=hosts)

@@ -139,6 +139,9 @@ class Communicator(abc.ABC):
     rank: int
     world_size: int
     counters: TrafficCounters
+    #: The layout of the links: ``"flat"`` (every rank on one ring, or through one exchange)
+    #: or ``"hierarchical"`` (a ring per host, then the hosts' leaders').
+    topology = "flat"
 
     @abc.abstractmethod
     def allgather(self, message: bytes | memoryview) -> list[bytes]:

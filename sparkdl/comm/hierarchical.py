@@ -119,6 +119,8 @@ class HierarchicalCommunicator(Communicator):
             and allowed to be ``None`` with one host).
     """
 
+    topology = "hierarchical"
+
     def __init__(
         self,
         rank: int,

@@ -60,10 +60,10 @@ def _train(
 
     context = BarrierTaskContext.get()
     rank = context.partitionId()
-    infos = context.getTaskInfos()
-    address = infos[rank].address
+    addresses = [info.address for info in context.getTaskInfos()]
+    address = addresses[rank]
     try:
-        result = _run(context, rank, len(infos), address, spec_bytes, cluster, secret)
+        result = _run(context, rank, addresses, spec_bytes, cluster, secret)
     except BaseException as exc:
         # a barrier stage attempt launches all its tasks at once, with consecutive task ids in
         # partition order: task id - rank names the stage attempt (pyspark exposes no stage
@@ -76,8 +76,10 @@ def _train(
     return rank, result
 
 
-def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
+def _run(context: Any, rank: int, addresses: list[str], spec_bytes: bytes,
          cluster: dict[str, Any], secret: bytes) -> Any:
+    """Meet the other tasks (``addresses``: every task's executor, ``host:port``, by rank),
+    then train."""
     from sparkdl.comm import create_communicator
     from sparkdl.comm.network import parse_port_range
     from sparkdl.cpus import current_cpus, local_group, plan_cores, sharing_key
@@ -87,7 +89,10 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
     gpus = task_gpu_addresses()
     pin_gpus(gpus, role="train")  # before the spec (and TensorFlow with it) is loaded
     spec = pickle.loads(spec_bytes)
-    host = address.rsplit(":", 1)[0]
+    world = len(addresses)
+    # every rank's host, the same list on every rank: the topology needs no round to learn it
+    hosts = [executor.rsplit(":", 1)[0] for executor in addresses]
+    host = hosts[rank]
     with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)
     affinity = cluster.get("cpu_affinity", "auto")
@@ -113,7 +118,7 @@ def _run(context: Any, rank: int, world: int, address: str, spec_bytes: bytes,
             port_range=parse_port_range(cluster["port_range"]),
             wire_integrity=cluster["wire_integrity"],
             topology=cluster.get("topology", "flat"), mesh=cluster.get("mesh", "plain"),
-            host_id=host,
+            hosts=hosts,
         )
         if key is None:
             return None, communicator

@@ -23,6 +23,7 @@ class WorkerResult:
     executor_address: str = "local"
     timeline: str | None = None  # URI of this rank's Chrome trace
     cpus: list[int] | None = None  # the cores it was pinned to (sparkdl.cpus); None: not pinned
+    topology: str | None = None  # its communicator's (Communicator.topology); None: not known
     model_bytes: bytes | None = field(default=None, repr=False)  # rank 0 only
 
 
@@ -65,6 +66,7 @@ class FitMetrics(Mapping[str, object]):
     shuffle: str | None = None  # the fit's shuffle mode (global, window, none)
     rows_dropped_per_epoch: int | None = None  # rows no worker reads in an epoch
     worker_cpus: list[list[int] | None] | None = None  # each rank's pinned cores, if any was
+    topology: str | None = None  # the communicator's layout (flat, hierarchical), if reported
 
     @property
     def compression_ratio(self) -> float | None:
@@ -81,7 +83,7 @@ class FitMetrics(Mapping[str, object]):
         """``metrics.json``'s keys, in their order; absent optional figures left out."""
         document = {f.name: getattr(self, f.name) for f in fields(self)}
         optional = ("timeline", "final_train_accuracy", "elastic_events", "shuffle",
-                    "rows_dropped_per_epoch", "worker_cpus")
+                    "rows_dropped_per_epoch", "worker_cpus", "topology")
         extra = {name: document.pop(name) for name in optional}
         document.pop("steady_bytes_per_step")
         if extra["timeline"]:
@@ -94,7 +96,7 @@ class FitMetrics(Mapping[str, object]):
                 document[name] = getattr(self, name)
         if extra["elastic_events"] is not None:
             document["elastic_events"] = extra["elastic_events"]
-        for name in ("shuffle", "rows_dropped_per_epoch", "worker_cpus"):
+        for name in ("shuffle", "rows_dropped_per_epoch", "worker_cpus", "topology"):
             if extra[name] is not None:
                 document[name] = extra[name]
         return document
@@ -166,6 +168,7 @@ def summarize_fit(
         timeline=[r.timeline for r in results if r.timeline] or None,
         worker_cpus=[r.cpus for r in results] if any(r.cpus for r in results) else None,
         final_train_accuracy=last.get("accuracy"),
+        topology=first.topology,
     )
 
 

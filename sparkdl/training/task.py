@@ -48,6 +48,7 @@ def run_task(
     finally:
         comm.close()
     result.cpus = cpus
+    result.topology = comm.topology
     return result
 
 

@@ -155,6 +155,8 @@ def _check_cross_host_fit(cluster: NetCluster, metrics: dict) -> None:
     assert metrics["test_accuracy"] >= 0.9
     hosts = {address.rsplit(":", 1)[0] for address in metrics["executor_addresses"]}
     assert hosts == {h.ip for h in cluster.hosts}
+    # auto: 2 hosts x 2 ranks, the hosts read from the barrier's task infos
+    assert metrics["topology"] == "hierarchical"
 
 
 def _check_two_gpus_per_host(cluster: NetCluster, train: list[dict]) -> None:

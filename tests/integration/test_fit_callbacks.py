@@ -70,6 +70,7 @@ def test_early_stopping_lr_schedule_csv_and_user_callbacks_on_spark(spark, digit
     # every rank stopped after the same step, with the same weights
     assert fit.metrics["stopped_early"] and fit.metrics["steps"] == 2 * steps
     assert fit.metrics["replicas_identical"] is True
+    assert fit.metrics["topology"] == "flat"  # cluster.topology auto, one host
     for key in ("loss", "accuracy", "val_loss", "val_accuracy", "samples_per_second",
                 "bytes_sent_per_step", "tau", "sparsity", "compute_s", "learning_rate"):
         assert len(fit.history[key]) == 2, key

@@ -121,6 +121,7 @@ def test_fit_on_two_executor_jvms(tmp_path, digits_shards):
     assert metrics["replicas_identical"] is True
     assert metrics["steps"] == 3 * metrics["steps_per_epoch"]
     assert len(set(metrics["executor_addresses"])) == 2, metrics["executor_addresses"]
+    assert metrics["topology"] == "flat"  # auto: two executors, but on one host
 
 
 @pytest.mark.parametrize(

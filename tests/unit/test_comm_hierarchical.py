@@ -71,11 +71,20 @@ def test_hierarchical_collectives_match_flat_with_fewer_inter_host_bytes(hosts):
     assert flat_crossed > 1.4 * tree_crossed  # contiguous hosts: 6 of 12 hops; alternating: 12
 
 
-def _topology_of(rank, world, exchange, topology, hosts):
-    comm = create_communicator("tcp", rank, world, exchange, secret=SECRET, timeout_s=20,
-                               topology=topology, host_id=hosts[rank])
+def _topology_of(rank, world, exchange, topology, hosts, known):
+    rounds = []
+
+    def counted(message):
+        rounds.append(message)
+        return exchange(message)
+
+    where = {"hosts": hosts} if known else {"host_id": hosts[rank]}
+    comm = create_communicator("tcp", rank, world, counted, secret=SECRET, timeout_s=20,
+                               topology=topology, **where)
     try:
-        return type(comm).__name__, comm.allgather(b"%d" % rank)
+        assert comm.topology == ("hierarchical" if isinstance(comm, HierarchicalCommunicator)
+                                 else "flat")
+        return type(comm).__name__, comm.allgather(b"%d" % rank), len(rounds)
     finally:
         comm.close()
 
@@ -87,10 +96,21 @@ def _topology_of(rank, world, exchange, topology, hosts):
     ("hierarchical", ["a", "a", "a"], "HierarchicalCommunicator"),
     ("hierarchical", ["a", "b", "c"], "HierarchicalCommunicator"),
 ])
-def test_auto_topology_and_uneven_hosts(topology, hosts, kind):
-    out = values(run_ranks(_topology_of, 3, args=(topology, hosts), timeout=60))
+@pytest.mark.parametrize("known", [False, True], ids=["hosts exchanged", "hosts known"])
+def test_auto_topology_and_uneven_hosts(topology, hosts, kind, known):
+    out = values(run_ranks(_topology_of, 3, args=(topology, hosts, known), timeout=60))
     assert [o[0] for o in out] == [kind] * 3
     assert all(o[1] == [b"0", b"1", b"2"] for o in out)
+    # a ring takes one round of the rendezvous, two levels two; learning the hosts one more,
+    # unless the caller knows them (a Spark barrier stage: its task infos)
+    levels = 2 if kind == "HierarchicalCommunicator" else 1
+    assert [o[2] for o in out] == [levels + (not known)] * 3
+
+
+def test_known_hosts_must_name_every_rank():
+    with pytest.raises(ConfigurationError, match=r"hosts: expected one per rank \(2\), got 1"):
+        create_communicator("tcp", 0, 2, lambda s: [s, s], secret=SECRET, timeout_s=5,
+                            topology="auto", hosts=["a"])
 
 
 def test_wants_hierarchy_and_bad_topology():

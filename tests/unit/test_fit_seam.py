@@ -53,14 +53,16 @@ def test_fit_metrics_write_metrics_json_with_the_same_keys_and_figures() -> None
 def test_optional_figures_appear_only_when_measured() -> None:
     with_accuracy = _result(0, sent=0, accuracy=True)
     with_accuracy.timeline = "file:///t/rank-0.json"
+    with_accuracy.topology = "hierarchical"
     metrics = summarize_fit([with_accuracy], SharedTrainingMaster(num_workers=1), 4, 1.0)
     metrics.elastic_events = [{"epoch": 1, "step": 0, "from_workers": 2, "to_workers": 1,
                                "cause": "lost"}]
     document = metrics.to_json()
     assert document["timeline"] == ["file:///t/rank-0.json"]
     assert document["final_train_accuracy"] == 0.5
+    assert document["topology"] == "hierarchical"
     assert "compression_ratio" not in document  # nothing was sent
-    assert list(document)[-1] == "elastic_events"
+    assert list(document)[-2:] == ["elastic_events", "topology"]
     assert isinstance(metrics, FitMetrics)
 
 
