@@ -26,7 +26,7 @@ from sparkdl.logs import (
     LEVELS,
     configure_logging,
     quiet_tensorflow,
-    tensorflow_imported_meanwhile,
+    started_while_tensorflow_imports,
 )
 
 if TYPE_CHECKING:
@@ -195,15 +195,10 @@ def start_spark(config: JobConfig, *, load_tensorflow: bool) -> SparkSession:
     import pyspark.java_gateway
     import pyspark.sql  # noqa: F401
 
-    spark = None
-    try:
-        with tensorflow_imported_meanwhile() as jvm_stderr:
-            spark = get_spark(config.cluster, jvm_stderr=jvm_stderr)
-    except BaseException:
-        if spark is not None:  # the import failed
-            spark.stop()
-        raise
-    return spark
+    return started_while_tensorflow_imports(
+        lambda jvm_stderr: get_spark(config.cluster, jvm_stderr=jvm_stderr),
+        lambda spark: spark.stop(),  # the import failed
+    )
 
 
 def run_samples(args: argparse.Namespace) -> int:

@@ -16,12 +16,15 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 LOGGER = "sparkdl"
 #: How long :func:`tensorflow_imported_meanwhile` waits for the import after its block.
 IMPORT_TIMEOUT_S = 600.0
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+_Started = TypeVar("_Started")
 
 #: TensorFlow's start-up lines that say nothing a user can act on.
 TF_BANNER = re.compile(
@@ -105,6 +108,24 @@ def tensorflow_imported_meanwhile() -> Iterator[int | None]:
         raise TimeoutError(f"TensorFlow did not finish importing in {IMPORT_TIMEOUT_S:.0f} s")
     if errors:
         raise errors[0]
+
+
+def started_while_tensorflow_imports(
+    start: Callable[[int | None], _Started], stop: Callable[[_Started], object]
+) -> _Started:
+    """``start(stderr)`` inside :func:`tensorflow_imported_meanwhile` (``stderr``: the real
+    descriptor 2, or None); its result, or its error. Where the import fails after ``start``
+    returned, ``stop(result)`` undoes it first (a started Spark session, an opened
+    communicator), then the import's error is raised."""
+    started: list[_Started] = []
+    try:
+        with tensorflow_imported_meanwhile() as stderr:
+            started.append(start(stderr))
+    except BaseException:
+        if started:
+            stop(started[0])
+        raise
+    return started[0]
 
 
 @contextlib.contextmanager

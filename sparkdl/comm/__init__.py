@@ -74,7 +74,8 @@ def create_communicator(
     ``host_id`` (default: its bind address, e.g. the executor's host address); learning the
     hosts takes one more round of ``exchange`` unless the topology is flat, or unless the
     caller knows every rank's host: ``hosts`` (``hosts[r]`` rank ``r``'s, the same list on
-    every rank, e.g. a Spark barrier stage's task addresses).
+    every rank, e.g. a Spark barrier stage's task addresses; a list of another length is a
+    :class:`ConfigurationError`, whatever the topology).
 
     ``mesh`` (``cluster.mesh``, TCP only; DL4J's ``MeshBuildMode``): ``"plain"`` the ring;
     ``"mesh"`` log-depth allgather, broadcast and allreduce over extra links
@@ -86,6 +87,10 @@ def create_communicator(
         raise ConfigurationError(f"mesh: expected one of {list(MESH_MODES)}, got {mesh!r}")
     if topology not in TOPOLOGIES:
         raise ConfigurationError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
+    if hosts is not None and len(hosts) != world_size:  # checked whatever the topology needs
+        raise ConfigurationError(
+            f"hosts: expected one per rank ({world_size}), got {len(hosts)}: {list(hosts)}"
+        )
     if transport == "tcp":
         host = select_bind_address(network_mask, default_host)
         ports = parse_port_range(port_range) if isinstance(port_range, str) else port_range
@@ -107,10 +112,6 @@ def create_communicator(
             return ring(rank, world_size, exchange)
         if hosts is None:
             hosts = exchange(host_id or host)
-        elif len(hosts) != world_size:
-            raise ConfigurationError(
-                f"hosts: expected one per rank ({world_size}), got {len(hosts)}: {list(hosts)}"
-            )
         if not wants_hierarchy(topology, hosts):
             return ring(rank, world_size, exchange)
         return connect_hierarchical(rank, world_size, exchange, ring, hosts=hosts)

@@ -56,17 +56,9 @@ def meet_while_tensorflow_imports(
     rendezvous: Rendezvous,
 ) -> tuple[Sequence[int] | None, Communicator]:
     """Run ``rendezvous`` while TensorFlow imports on a helper thread
-    (:func:`~sparkdl.logs.tensorflow_imported_meanwhile`); return its result, or raise its
+    (:func:`~sparkdl.logs.started_while_tensorflow_imports`); return its result, or raise its
     error, else the import's (closing the communicator the rendezvous opened)."""
-    from sparkdl.logs import tensorflow_imported_meanwhile
+    from sparkdl.logs import started_while_tensorflow_imports
 
-    met: tuple[Sequence[int] | None, Communicator] | None = None
-    try:
-        with tensorflow_imported_meanwhile():
-            met = rendezvous()
-    except BaseException:
-        if met is not None:
-            met[1].close()
-        raise
-    assert met is not None  # the block ran to its end
-    return met
+    return started_while_tensorflow_imports(lambda _stderr: rendezvous(),
+                                            lambda met: met[1].close())

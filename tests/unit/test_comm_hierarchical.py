@@ -107,10 +107,23 @@ def test_auto_topology_and_uneven_hosts(topology, hosts, kind, known):
     assert [o[2] for o in out] == [levels + (not known)] * 3
 
 
-def test_known_hosts_must_name_every_rank():
-    with pytest.raises(ConfigurationError, match=r"hosts: expected one per rank \(2\), got 1"):
-        create_communicator("tcp", 0, 2, lambda s: [s, s], secret=SECRET, timeout_s=5,
-                            topology="auto", hosts=["a"])
+@pytest.mark.parametrize(("transport", "topology", "world_size"),
+                         [("tcp", "auto", 2), ("tcp", "flat", 2), ("tcp", "hierarchical", 1),
+                          ("spark", "flat", 2)])
+def test_known_hosts_must_name_every_rank(transport, topology, world_size):
+    """Whatever the topology needs of them (a flat ring, one rank, Spark's transport: nothing),
+    a wrong list is an error before anything connects."""
+    exchanged: list[str] = []
+
+    def exchange(message: str) -> list[str]:
+        exchanged.append(message)
+        return [message] * world_size
+
+    with pytest.raises(ConfigurationError,
+                       match=rf"hosts: expected one per rank \({world_size}\), got 3"):
+        create_communicator(transport, 0, world_size, exchange, secret=SECRET, timeout_s=5,
+                            topology=topology, hosts=["a", "b", "a"])
+    assert exchanged == []
 
 
 def test_wants_hierarchy_and_bad_topology():

@@ -1,5 +1,6 @@
 """The worker meets its peers while TensorFlow imports on a helper thread
-(sparkdl.training.task.meet_while_tensorflow_imports)."""
+(sparkdl.training.task.meet_while_tensorflow_imports), through the helper the driver's Spark
+start-up uses too (sparkdl.logs.started_while_tensorflow_imports)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,26 @@ def test_with_tensorflow_loaded_the_rendezvous_alone_runs(monkeypatch):
     comm = FakeComm()
     monkeypatch.setattr(sparkdl.logs, "quiet_tensorflow", import_tensorflow)
     assert meet_while_tensorflow_imports(lambda: (None, comm)) == (None, comm)
+
+
+def test_the_start_gets_the_real_stderr_and_is_stopped_when_the_import_fails(
+        tensorflow_not_loaded):
+    """As the driver starts Spark: the JVM's stderr must be the real descriptor 2, not the
+    import's capture; a session started before the import failed is stopped."""
+    seen: list[int | None] = []
+    stopped: list[str] = []
+
+    def import_tensorflow() -> None:
+        raise ImportError("no TensorFlow here")
+
+    def start(stderr: int | None) -> str:
+        seen.append(stderr)
+        return "session"
+
+    tensorflow_not_loaded.setattr(sparkdl.logs, "quiet_tensorflow", import_tensorflow)
+    with pytest.raises(ImportError, match="no TensorFlow here"):
+        sparkdl.logs.started_while_tensorflow_imports(start, stopped.append)
+    assert stopped == ["session"]
+    [stderr] = seen
+    if stderr is not None:  # None where stderr has no descriptor
+        assert stderr != 2
