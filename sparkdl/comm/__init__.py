@@ -114,7 +114,8 @@ def create_communicator(
             hosts = exchange(host_id or host)
         if not wants_hierarchy(topology, hosts):
             return ring(rank, world_size, exchange)
-        return connect_hierarchical(rank, world_size, exchange, ring, hosts=hosts)
+        return connect_hierarchical(rank, world_size, exchange, ring, hosts=hosts,
+                                    timeout_s=timeout_s)
     if topology == "hierarchical":
         raise ConfigurationError(
             f"topology 'hierarchical' needs transport 'tcp', not {transport!r} (every message "

@@ -36,7 +36,9 @@ bytes present before slicing.
 
 from __future__ import annotations
 
+import json
 import struct
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -267,41 +269,129 @@ def connect_hierarchical(
     connect: Connect,
     *,
     hosts: Sequence[str],
+    timeout_s: float = 60.0,
 ) -> HierarchicalCommunicator:
-    """Build the two levels with ``connect(rank, size, exchange)`` (e.g. a TCP ring): every
-    rank takes part in exactly two rounds of ``exchange`` (the hosts' rings, then the
-    leaders' ring), whether or not its own group needs one."""
+    """Build the two levels with ``connect(rank, size, exchange)`` (e.g. a TCP ring) in one
+    round of ``exchange``: the host's ring connects on a helper thread while, on a leader, the
+    leaders' ring connects on this one; their addresses ride in the same round
+    (:class:`_SharedRound`). Every rank takes part in that one round, whether or not its
+    groups need it. ``timeout_s`` bounds each wait between the two threads."""
     groups = host_groups(hosts)
     if len(hosts) != world_size:
         raise ConfigurationError(f"hosts: expected {world_size} entries, got {len(hosts)}")
     mine = next(g for g in groups if rank in g)
-    local = _connect_group(rank, mine, exchange, connect)
+    heads = [g[0] for g in groups]
+    shared = _SharedRound(exchange, timeout_s)
+    local: list[Communicator] = []
+    failed: list[BaseException] = []
+
+    def connect_host_ring() -> None:
+        try:
+            local.append(connect(mine.index(rank), len(mine), shared.part(0, mine)))
+        except BaseException as exc:  # raised on this rank's own thread
+            failed.append(exc)
+        finally:
+            shared.posted(0)  # a one-rank ring takes no round; a failed one gives no value
+
+    helper = threading.Thread(target=connect_host_ring, name="sparkdl-host-ring", daemon=True)
+    helper.start()
     leaders = None
     try:
-        group = [g[0] for g in groups]
-        if rank in group:
-            leaders = _connect_group(rank, group, exchange, connect)
-        else:
-            exchange("")  # the leaders' round
+        try:
+            if rank in heads:
+                leaders = connect(heads.index(rank), len(heads), shared.part(1, heads))
+            shared.run_once()  # a non-leader, or a one-rank leaders' ring: the round still
+        except BaseException as exc:
+            shared.abort(exc)  # the helper's ring stops waiting for a round
+            raise
+        finally:
+            helper.join(timeout_s + 1.0)
+        if helper.is_alive():
+            raise CommunicationError(f"the host's ring did not connect in {timeout_s:g} s")
+        if failed:
+            raise failed[0]
     except BaseException:
-        local.close()
+        for comm in (*local, leaders):
+            if comm is not None:
+                comm.close()
         raise
-    return HierarchicalCommunicator(rank, groups, local, leaders)
+    return HierarchicalCommunicator(rank, groups, local[0], leaders)
 
 
-def _connect_group(rank: int, group: list[int], exchange: Exchange, connect: Connect
-                   ) -> Communicator:
-    """``connect`` among ``group`` (world ranks) inside one round of the world ``exchange``."""
-    rounds = [0]
+class _SharedRound:
+    """One round of the world's ``exchange`` carrying two rings' values, as the JSON pair
+    ``[host ring's, leaders' ring's]`` ("" where a rank has none): part 0 comes from the host's
+    ring (a helper thread), part 1 from the leaders' ring (the caller's thread, which runs
+    the round once part 0 is in or will not come). Every wait is bounded by ``timeout_s``."""
 
-    def sub_exchange(value: str) -> list[str]:
-        if rounds[0]:
-            raise CommunicationError("a group's ring may use one round of the rendezvous")
-        rounds[0] += 1
-        values = exchange(value)
-        return [values[r] for r in group]
+    def __init__(self, exchange: Exchange, timeout_s: float) -> None:
+        self._exchange = exchange
+        self._timeout_s = timeout_s
+        self._values = ["", ""]
+        self._posted = threading.Event()  # part 0 is in, or will not come
+        self._done = threading.Event()  # the round ran (or was aborted)
+        self._pairs: list[list[str]] | None = None
+        self._error: BaseException | None = None
+        self._used = [False, False]
 
-    comm = connect(group.index(rank), len(group), sub_exchange)
-    if not rounds[0]:  # a one-rank group: still take part in the world's round
-        exchange("")
-    return comm
+    def part(self, index: int, group: list[int]) -> Exchange:
+        """The exchange of ring ``index`` among ``group`` (world ranks): its one round."""
+
+        def sub_exchange(value: str) -> list[str]:
+            if self._used[index]:
+                raise CommunicationError("a group's ring may use one round of the rendezvous")
+            self._used[index] = True
+            self._values[index] = value
+            if index == 0:
+                self.posted(0)
+                self._wait(self._done, "the rendezvous round")
+            else:
+                self.run_once()
+            if self._pairs is None:
+                raise CommunicationError(f"the rendezvous round failed: {self._error}")
+            return [self._pairs[r][index] for r in group]
+
+        return sub_exchange
+
+    def posted(self, index: int) -> None:
+        """Part ``index`` (0) is in, or will not come."""
+        assert index == 0
+        self._posted.set()
+
+    def run_once(self) -> None:
+        """Run the round (on the caller's thread) unless it ran already."""
+        if self._done.is_set():
+            return
+        try:
+            self._wait(self._posted, "the host's ring's address")
+            values = self._exchange(json.dumps(self._values))
+            self._pairs = [_pair(rank, value) for rank, value in enumerate(values)]
+        except BaseException as exc:
+            self._error = exc
+            raise
+        finally:
+            self._done.set()
+
+    def abort(self, error: BaseException) -> None:
+        """The round will not run: a ring waiting for it fails at once."""
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+    def _wait(self, event: threading.Event, what: str) -> None:
+        if not event.wait(self._timeout_s):
+            raise CommunicationError(f"{what} did not come in {self._timeout_s:g} s")
+
+
+def _pair(rank: int, value: str) -> list[str]:
+    """Rank ``rank``'s ``[host ring's, leaders' ring's]`` values from its published JSON."""
+    try:
+        pair = json.loads(value)
+    except (TypeError, ValueError):
+        pair = None
+    if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, str) for v in pair)):
+        raise CommunicationError(
+            f"rank {rank} published {value!r} in the rendezvous, expected a JSON pair of "
+            "addresses"
+        )
+    return pair

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from _comm_harness import SECRET, run_ranks, values
 
 from sparkdl.comm import HierarchicalCommunicator, create_communicator
-from sparkdl.comm.hierarchical import pack_bundle, unpack_bundle, wants_hierarchy
+from sparkdl.comm.hierarchical import (
+    connect_hierarchical,
+    pack_bundle,
+    unpack_bundle,
+    wants_hierarchy,
+)
+from sparkdl.comm.tcp import connect_ring
 from sparkdl.config import JobConfig
 from sparkdl.errors import CommunicationError, ConfigurationError
 
@@ -101,10 +109,54 @@ def test_auto_topology_and_uneven_hosts(topology, hosts, kind, known):
     out = values(run_ranks(_topology_of, 3, args=(topology, hosts, known), timeout=60))
     assert [o[0] for o in out] == [kind] * 3
     assert all(o[1] == [b"0", b"1", b"2"] for o in out)
-    # a ring takes one round of the rendezvous, two levels two; learning the hosts one more,
-    # unless the caller knows them (a Spark barrier stage: its task infos)
-    levels = 2 if kind == "HierarchicalCommunicator" else 1
-    assert [o[2] for o in out] == [levels + (not known)] * 3
+    # a ring takes one round of the rendezvous, and so do two levels (both rings' addresses
+    # ride in it); learning the hosts one more, unless the caller knows them (a Spark
+    # barrier stage: its task infos)
+    assert [o[2] for o in out] == [1 + (not known)] * 3
+
+
+HOSTS = ["a", "a", "b", "b"]
+
+
+def _ring(rank, size, exchange):
+    return connect_ring(rank, size, exchange, secret=SECRET, timeout_s=5)
+
+
+def _two_levels(rank, world, exchange, failing_rank, failure):
+    """Both levels in one round; ``failing_rank``'s host ring fails before its round, or it
+    publishes a malformed value."""
+    def connect(r, size, ring_exchange):
+        if rank == failing_rank and failure == "host ring" and size == 2 and r == 1:
+            raise OSError("no port free in cluster.port_range")
+        return _ring(r, size, ring_exchange)
+
+    def published(message):
+        return exchange("not a pair" if rank == failing_rank else message)
+
+    started = time.monotonic()
+    try:
+        comm = connect_hierarchical(rank, world, published if failure == "malformed" else
+                                    exchange, connect, hosts=HOSTS, timeout_s=5)
+    except BaseException as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - started
+    comm.close()
+    return "connected", "", time.monotonic() - started
+
+
+def test_a_host_ring_that_fails_before_the_round_leaves_no_rank_waiting():
+    """Rank 3's host ring cannot listen: it raises its own error, its host's other rank learns
+    that at once from the round (no address), and the other host is unaffected."""
+    out = values(run_ranks(_two_levels, 4, args=(3, "host ring"), timeout=60))
+    assert [o[0] for o in out] == ["connected", "connected", "CommunicationError", "OSError"]
+    assert "rank 1 published a bad address ''" in out[2][1]
+    assert "no port free" in out[3][1]
+    assert all(o[2] < 15 for o in out), out  # none waited for a timeout of its own
+
+
+def test_a_malformed_round_value_is_named():
+    out = values(run_ranks(_two_levels, 4, args=(1, "malformed"), timeout=60))
+    assert [o[0] for o in out] == ["CommunicationError"] * 4
+    assert all("rank 1 published 'not a pair' in the rendezvous" in o[1] for o in out), out
 
 
 @pytest.mark.parametrize(("transport", "topology", "world_size"),
