@@ -273,9 +273,10 @@ def connect_hierarchical(
 ) -> HierarchicalCommunicator:
     """Build the two levels with ``connect(rank, size, exchange)`` (e.g. a TCP ring) in one
     round of ``exchange``: the host's ring connects on a helper thread while, on a leader, the
-    leaders' ring connects on this one; their addresses ride in the same round
+    leaders' ring connects on this one, and both rings' addresses ride in the same round
     (:class:`_SharedRound`). Every rank takes part in that one round, whether or not its
-    groups need it. ``timeout_s`` bounds each wait between the two threads."""
+    groups need it; ``timeout_s`` bounds the wait for the host ring's address and for its
+    connecting."""
     groups = host_groups(hosts)
     if len(hosts) != world_size:
         raise ConfigurationError(f"hosts: expected {world_size} entries, got {len(hosts)}")
@@ -287,11 +288,11 @@ def connect_hierarchical(
 
     def connect_host_ring() -> None:
         try:
-            local.append(connect(mine.index(rank), len(mine), shared.part(0, mine)))
-        except BaseException as exc:  # raised on this rank's own thread
+            local.append(connect(mine.index(rank), len(mine), shared.host_ring(mine)))
+        except BaseException as exc:  # raised on the caller's thread
             failed.append(exc)
         finally:
-            shared.posted(0)  # a one-rank ring takes no round; a failed one gives no value
+            shared.host_ring_settled()  # a one-rank ring takes no round; a failed one, maybe
 
     helper = threading.Thread(target=connect_host_ring, name="sparkdl-host-ring", daemon=True)
     helper.start()
@@ -299,13 +300,13 @@ def connect_hierarchical(
     try:
         try:
             if rank in heads:
-                leaders = connect(heads.index(rank), len(heads), shared.part(1, heads))
-            shared.run_once()  # a non-leader, or a one-rank leaders' ring: the round still
+                leaders = connect(heads.index(rank), len(heads), shared.leaders_ring(heads))
+            shared.run()  # a non-leader, or a one-rank leaders' ring: the round all the same
         except BaseException as exc:
-            shared.abort(exc)  # the helper's ring stops waiting for a round
+            shared.abort(exc)  # the host's ring stops waiting for a round
             raise
         finally:
-            helper.join(timeout_s + 1.0)
+            helper.join(timeout_s + 1.0)  # the round is over: what is left is its connecting
         if helper.is_alive():
             raise CommunicationError(f"the host's ring did not connect in {timeout_s:g} s")
         if failed:
@@ -319,68 +320,76 @@ def connect_hierarchical(
 
 
 class _SharedRound:
-    """One round of the world's ``exchange`` carrying two rings' values, as the JSON pair
-    ``[host ring's, leaders' ring's]`` ("" where a rank has none): part 0 comes from the host's
-    ring (a helper thread), part 1 from the leaders' ring (the caller's thread, which runs
-    the round once part 0 is in or will not come). Every wait is bounded by ``timeout_s``."""
+    """One round of the world's ``exchange`` for two rings: each rank publishes the JSON pair
+    ``[its host ring's value, its leaders' ring's value]`` ("" where it has none).
+
+    The host's ring (a helper thread) hands its value in and waits for the round; the
+    caller's thread runs the round (:meth:`run`, also from the leaders' ring's exchange) once
+    that value is in or will not come (:meth:`host_ring_settled`), and always ends it: run,
+    failed or :meth:`abort`-ed. So the host ring's wait lasts as long as the round itself, as
+    a ring's own call of ``exchange`` would; the caller's wait for the host ring's value is
+    bounded by ``timeout_s``."""
 
     def __init__(self, exchange: Exchange, timeout_s: float) -> None:
         self._exchange = exchange
         self._timeout_s = timeout_s
         self._values = ["", ""]
-        self._posted = threading.Event()  # part 0 is in, or will not come
-        self._done = threading.Event()  # the round ran (or was aborted)
+        self._settled = threading.Event()  # the host ring's value is in, or will not come
+        self._over = threading.Event()  # the round ran, failed or was aborted
         self._pairs: list[list[str]] | None = None
         self._error: BaseException | None = None
         self._used = [False, False]
 
-    def part(self, index: int, group: list[int]) -> Exchange:
-        """The exchange of ring ``index`` among ``group`` (world ranks): its one round."""
+    def host_ring(self, group: list[int]) -> Exchange:
+        """The host's ring's exchange among ``group`` (world ranks)."""
+        return self._part(0, group)
 
-        def sub_exchange(value: str) -> list[str]:
-            if self._used[index]:
-                raise CommunicationError("a group's ring may use one round of the rendezvous")
-            self._used[index] = True
-            self._values[index] = value
-            if index == 0:
-                self.posted(0)
-                self._wait(self._done, "the rendezvous round")
-            else:
-                self.run_once()
-            if self._pairs is None:
-                raise CommunicationError(f"the rendezvous round failed: {self._error}")
-            return [self._pairs[r][index] for r in group]
+    def leaders_ring(self, group: list[int]) -> Exchange:
+        """The leaders' ring's exchange among ``group`` (world ranks)."""
+        return self._part(1, group)
 
-        return sub_exchange
+    def host_ring_settled(self) -> None:
+        """The host's ring has handed in its value, or never will."""
+        self._settled.set()
 
-    def posted(self, index: int) -> None:
-        """Part ``index`` (0) is in, or will not come."""
-        assert index == 0
-        self._posted.set()
-
-    def run_once(self) -> None:
-        """Run the round (on the caller's thread) unless it ran already."""
-        if self._done.is_set():
+    def run(self) -> None:
+        """Run the round on the caller's thread, unless it is over."""
+        if self._over.is_set():
             return
         try:
-            self._wait(self._posted, "the host's ring's address")
+            if not self._settled.wait(self._timeout_s):
+                raise CommunicationError(
+                    f"the host's ring gave no address in {self._timeout_s:g} s")
             values = self._exchange(json.dumps(self._values))
             self._pairs = [_pair(rank, value) for rank, value in enumerate(values)]
         except BaseException as exc:
             self._error = exc
             raise
         finally:
-            self._done.set()
+            self._over.set()
 
     def abort(self, error: BaseException) -> None:
-        """The round will not run: a ring waiting for it fails at once."""
-        if not self._done.is_set():
+        """The round will not run: the host's ring, waiting for it, fails at once."""
+        if not self._over.is_set():
             self._error = error
-            self._done.set()
+            self._over.set()
 
-    def _wait(self, event: threading.Event, what: str) -> None:
-        if not event.wait(self._timeout_s):
-            raise CommunicationError(f"{what} did not come in {self._timeout_s:g} s")
+    def _part(self, index: int, group: list[int]) -> Exchange:
+        def sub_exchange(value: str) -> list[str]:
+            if self._used[index]:
+                raise CommunicationError("a group's ring may use one round of the rendezvous")
+            self._used[index] = True
+            self._values[index] = value
+            if index == 0:
+                self.host_ring_settled()
+                self._over.wait()  # the caller's thread ends the round, whatever happens
+            else:
+                self.run()
+            if self._pairs is None:
+                raise CommunicationError(f"the rendezvous round failed: {self._error}")
+            return [self._pairs[r][index] for r in group]
+
+        return sub_exchange
 
 
 def _pair(rank: int, value: str) -> list[str]:
