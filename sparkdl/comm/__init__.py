@@ -11,6 +11,7 @@ from sparkdl.comm.communicator import Communicator, TrafficCounters
 from sparkdl.comm.hierarchical import (
     TOPOLOGIES,
     HierarchicalCommunicator,
+    check_hosts,
     connect_hierarchical,
     wants_hierarchy,
 )
@@ -87,10 +88,8 @@ def create_communicator(
         raise ConfigurationError(f"mesh: expected one of {list(MESH_MODES)}, got {mesh!r}")
     if topology not in TOPOLOGIES:
         raise ConfigurationError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
-    if hosts is not None and len(hosts) != world_size:  # checked whatever the topology needs
-        raise ConfigurationError(
-            f"hosts: expected one per rank ({world_size}), got {len(hosts)}: {list(hosts)}"
-        )
+    if hosts is not None:  # checked whatever the topology needs of them
+        check_hosts(hosts, world_size)
     if transport == "tcp":
         host = select_bind_address(network_mask, default_host)
         ports = parse_port_range(port_range) if isinstance(port_range, str) else port_range

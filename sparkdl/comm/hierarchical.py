@@ -99,6 +99,14 @@ def host_groups(hosts: Sequence[str]) -> list[list[int]]:
     return list(groups.values())
 
 
+def check_hosts(hosts: Sequence[str], world_size: int) -> None:
+    """Raise :class:`ConfigurationError` unless ``hosts`` names one host per rank."""
+    if len(hosts) != world_size:
+        raise ConfigurationError(
+            f"hosts: expected one per rank ({world_size}), got {len(hosts)}: {list(hosts)}"
+        )
+
+
 def wants_hierarchy(topology: str, hosts: Sequence[str]) -> bool:
     """Whether ``topology`` over ranks on ``hosts`` means two levels: ``hierarchical``
     always, ``auto`` when there is more than one host and some host has two ranks or more."""
@@ -277,9 +285,8 @@ def connect_hierarchical(
     (:class:`_SharedRound`). Every rank takes part in that one round, whether or not its
     groups need it; ``timeout_s`` bounds the wait for the host ring's address and for its
     connecting."""
+    check_hosts(hosts, world_size)
     groups = host_groups(hosts)
-    if len(hosts) != world_size:
-        raise ConfigurationError(f"hosts: expected {world_size} entries, got {len(hosts)}")
     mine = next(g for g in groups if rank in g)
     heads = [g[0] for g in groups]
     shared = _SharedRound(exchange, timeout_s)
