@@ -21,3 +21,7 @@ class CommunicationError(SparkDLError):
 
 class TrainingError(SparkDLError):
     """Training cannot continue: a non-finite loss or update, or a failed worker stage."""
+
+
+class NonFiniteError(TrainingError):
+    """A vector that must be finite (an update, a residual) holds NaN or an infinity."""

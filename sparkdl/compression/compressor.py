@@ -300,7 +300,11 @@ class ThresholdCompressor(Compressor):
     def compress_held(self, step: int) -> tuple[bytes, EncodingStats]:
         """:meth:`compress` of a :class:`~sparkdl.compression.memory.PiecewiseMemory` that
         already holds this step's update: select tau, encode and post-process the pieces in
-        place, without ever concatenating them."""
+        place, without ever concatenating them. The update added to the memory is checked by
+        the encode sweep itself: a non-finite element raises
+        :class:`~sparkdl.errors.NonFiniteError` before anything is encoded (the residual and
+        the threshold's observations unchanged; a threshold that picks tau from a sample may
+        have picked it)."""
         memory = self.memory
         if not isinstance(memory, PiecewiseMemory):
             raise ConfigurationError("compress_held needs a PiecewiseMemory (hold_residual_in)")
@@ -308,7 +312,7 @@ class ThresholdCompressor(Compressor):
         residual = memory.pieces()
         tau = self.threshold.select_pieces(residual, step)
         shake, encode_tau = self.shaken_tau(tau, step)
-        encoded = threshold_encode(residual, encode_tau)
+        encoded = threshold_encode(residual, encode_tau, check_finite=True)
         memory.post_process(tau, step)
         return self.finish_frame(encoded, step, shake, started)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkdl.compression.pieces import Pieces
-from sparkdl.errors import CommunicationError, ConfigurationError
+from sparkdl.errors import CommunicationError, ConfigurationError, NonFiniteError
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -52,6 +52,10 @@ __all__ = [
 #: Elements processed per step of the encode/decode sweep (256 KiB of float32: fits in L2).
 CHUNK_ELEMENTS = 1 << 16
 _MAX_ELEMENTS = (1 << 31) - 1  # sparse entries are int32 index + 1
+# A float32's bits without the sign: ordered as |x| for finite x; inf's are the smallest
+# non-finite ones (every NaN's are larger).
+_MAGNITUDE = np.int32(0x7FFFFFFF)
+_INF_BITS = np.int32(0x7F800000)
 _CHUNK_BYTES = CHUNK_ELEMENTS // 4
 
 
@@ -161,11 +165,14 @@ def _chunks(r: np.ndarray | Pieces) -> Iterator[tuple[int, np.ndarray, bool]]:
 
 
 def _subtract_exact(
-    r: np.ndarray | Pieces, index: np.ndarray, t: np.float32
+    r: np.ndarray | Pieces, index: np.ndarray, t: np.float32, check_finite: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Subtract ``±t`` from ``r[index]`` (all ``|r| >= t``) where that is exact (see module
-    docstring); return the kept indices and their signs (True = negative)."""
+    docstring); return the kept indices and their signs (True = negative). ``check_finite``:
+    first raise :class:`NonFiniteError` if one of the values is not finite."""
     values = r.take(index) if isinstance(r, Pieces) else r[index]
+    if check_finite:
+        _check_finite_values(values, index)
     signed = _signed_tau(values, t).view(np.float32)
     updated = values - signed
     exact = (updated + signed) == values
@@ -179,8 +186,33 @@ def _subtract_exact(
     return index, negative
 
 
+def _check_finite_values(values: np.ndarray, index: np.ndarray) -> None:
+    """Raise :class:`NonFiniteError` naming the first non-finite ``values[i]`` (element
+    ``index[i]`` of the residual)."""
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        i = int(bad[0])
+        raise NonFiniteError(
+            f"residual element {int(index[i])} is {float(values[i])} ({bad.size} non-finite "
+            f"among {values.size} checked); nothing was encoded"
+        )
+
+
+def _check_finite_from(r: np.ndarray | Pieces, start: int, buffer: np.ndarray) -> None:
+    """Raise :class:`NonFiniteError` if an element of ``r`` from ``start`` (a chunk boundary)
+    on is not finite; ``buffer``: int32 scratch of a chunk's length."""
+    for begin, chunk, _ in _chunks(r):
+        if begin < start:
+            continue
+        bits = np.bitwise_and(chunk.view(np.int32), _MAGNITUDE, out=buffer[: chunk.size])
+        if bits.max() >= _INF_BITS:
+            local = np.flatnonzero(bits >= _INF_BITS)
+            _check_finite_values(chunk[local], local + begin)
+
+
 def threshold_encode(
-    residual: np.ndarray | Pieces, tau: float, *, add: np.ndarray | None = None
+    residual: np.ndarray | Pieces, tau: float, *, add: np.ndarray | None = None,
+    check_finite: bool = False,
 ) -> EncodedUpdate:
     """Encode every element with ``|r| >= tau`` as ``sign(r) * tau`` and subtract it in place.
 
@@ -195,6 +227,14 @@ def threshold_encode(
     ``residual`` may also be :class:`~sparkdl.compression.pieces.Pieces` (the vector held in
     separate buffers, e.g. one per model variable; no ``add``): the same message and the same
     bits as for their concatenation, without concatenating them.
+
+    ``check_finite`` (no ``add``): raise :class:`~sparkdl.errors.NonFiniteError`, naming the
+    element, if the residual holds NaN or an infinity, and leave it unchanged; without it a
+    NaN is never encoded and an infinity is sent as ``±tau`` on every step. The check costs no
+    pass of its own: the sweep compares the magnitudes as integer bit patterns, under which
+    every non-finite element reaches ``tau``, so it is among the candidates, whose values are
+    read before anything is subtracted (past the switch to the bitmap, one more read pass
+    over the rest of the vector checks it first).
     """
     r: np.ndarray | Pieces
     if isinstance(residual, Pieces):
@@ -204,6 +244,8 @@ def threshold_encode(
     else:
         r = _check_vector("residual", residual, writable=True)
     if add is not None:
+        if check_finite:
+            raise ConfigurationError("check_finite needs the residual alone, without add")
         _check_vector("add", add, writable=False)
         if add.shape != (r.size,):
             raise ConfigurationError(f"add has {add.size} elements, residual has {r.size}")
@@ -214,7 +256,9 @@ def threshold_encode(
     bm_nbytes = bitmap_nbytes(n)
     max_sparse = bm_nbytes // 4  # most candidates whose sparse payload is not larger
     width = min(n, CHUNK_ELEMENTS)
-    abs_buf = np.empty(width, np.float32)
+    # the magnitudes: as float32, or (check_finite) as int32 bit patterns compared with tau's
+    abs_buf = np.empty(width, np.int32 if check_finite else np.float32)
+    limit = t.view(np.int32) if check_finite else t
     mask_buf = np.empty(width, np.bool_)
     # Sparse phase: only collect candidate indices per chunk (cheap); the subtraction is done
     # once, vectorised, over all of them. Past max_sparse candidates switch to the bitmap
@@ -229,8 +273,11 @@ def threshold_encode(
             length = chunk.size
             if add is not None:
                 np.add(chunk, add[start : start + length], out=chunk)
-            a = np.abs(chunk, out=abs_buf[:length])
-            m = np.greater_equal(a, t, out=mask_buf[:length])
+            if check_finite:
+                a = np.bitwise_and(chunk.view(np.int32), _MAGNITUDE, out=abs_buf[:length])
+            else:
+                a = np.abs(chunk, out=abs_buf[:length])
+            m = np.greater_equal(a, limit, out=mask_buf[:length])
             if bitmap is None:
                 local = m.nonzero()[0]
                 if local.size == 0:
@@ -242,11 +289,15 @@ def threshold_encode(
                     found.append(local)
                     continue
                 # Switch: flush the earlier chunks' candidates into a new bitmap; this chunk
-                # and the rest are encoded densely.
+                # and the rest are encoded densely (checked first: the rest is written as
+                # the sweep goes).
+                if check_finite:
+                    _check_finite_from(r, start, np.empty(width, np.int32))
                 bitmap = np.zeros(bm_nbytes, np.uint8)
                 code_buf = np.empty(4 * bitmap_nbytes(width), np.uint8)
                 if found:
-                    index, negative = _subtract_exact(r, np.concatenate(found), t)
+                    index, negative = _subtract_exact(r, np.concatenate(found), t,
+                                                      check_finite)
                     found.clear()
                     nnz += index.size
                     _pack_sparse(bitmap, index, negative)
@@ -262,7 +313,7 @@ def threshold_encode(
             return EncodedUpdate(Encoding.BITMAP, n, float(t), nnz, bitmap.tobytes())
         if not found:
             return EncodedUpdate(Encoding.SPARSE, n, float(t), 0, b"")
-        index, negative = _subtract_exact(r, np.concatenate(found), t)
+        index, negative = _subtract_exact(r, np.concatenate(found), t, check_finite)
     # entry = (index + 1), negated for -tau: c -> (c ^ m) - m with m = -1 where negative.
     codes = index.astype("<i4")
     codes += 1

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import ConfigurationError, NonFiniteError
 from sparkdl.training import timeline
 from sparkdl.training.host_views import shared_tensor
 from sparkdl.training.loss_scale import LossScale, inner_optimizer, scale, scaled_gradients
@@ -44,8 +44,10 @@ class UpdateExchange(abc.ABC):
         compute_update -> [finite?] -> encode -> communicate -> decode -> apply
 
     timed as ``compute_s``, ``encode_s``, ``communicate_s``, ``decode_s`` and ``apply_s``. A
-    non-finite update ends the step before anything leaves the worker. With ``overlap`` only
-    :meth:`communicate` (the collective) runs on a background thread
+    non-finite update ends the step before anything leaves the worker: ``finite`` from
+    :meth:`compute_update`, or :class:`~sparkdl.errors.NonFiniteError` from :meth:`encode`
+    (for an exchange whose encode reads the whole update anyway and checks it there). With
+    ``overlap`` only :meth:`communicate` (the collective) runs on a background thread
     (:class:`~sparkdl.training.overlap.InFlightExchange`): step t computes its update while
     step t-1's message travels, then decodes and applies step t-1's result and sends its own
     message. Encoding and decoding stay on the main thread, so the background thread holds no
@@ -142,7 +144,10 @@ class UpdateExchange(abc.ABC):
                 watch.lap("compute_s")
                 return StepResult(loss=float(loss), timings=watch.timings)
         watch.lap("compute_s")
-        message = self.encode(update, step)
+        try:
+            message = self.encode(update, step)
+        except NonFiniteError:  # an update whose finiteness the encode sweep checks
+            return StepResult(loss=float(loss), finite_update=False)
         watch.lap("encode_s")
         in_flight = self._in_flight
         if in_flight is None:

@@ -28,7 +28,6 @@ import tensorflow as tf
 from sparkdl.compression.memory import PiecewiseMemory
 from sparkdl.compression.pieces import Pieces
 from sparkdl.compression.threshold import ResidualPostProcessor
-from sparkdl.training.exchange import all_finite
 from sparkdl.training.host_views import HostViews, read_no_copy
 from sparkdl.training.variables import FlatVariables
 
@@ -127,17 +126,17 @@ class UpdateVariables:
         self._optimizer_step(grads, write)
         return [read_no_copy(update) for update in self.variables]
 
-    def add(self, grads: Sequence[tf.Tensor]) -> tuple[list[tf.Tensor], tf.Tensor]:
+    def add(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """(In a graph, ``accumulate=True``) one optimizer step whose update is added to
         ``U`` (the optimizer's own ``U + d``); returns the values of ``U``, aliasing their
-        buffers on the host, and whether they are all finite (one summing pass over ``U``).
-        A non-finite update stays in ``U``, as it stays in the optimizer's state: training
-        ends on it (the loop raises ``TrainingError``)."""
+        buffers on the host. Their finiteness is not checked here: the host's encode sweep
+        checks it (``ThresholdCompressor.compress_held``), with no pass of its own. A
+        non-finite update stays in ``U``, as it stays in the optimizer's state: training ends
+        on it (the loop raises ``TrainingError``)."""
         if not self.accumulate:
             raise ValueError("add() needs update variables built with accumulate=True")
         self._optimizer_step(grads, lambda variable, value, sign, own: own(variable, value))
-        values = [read_no_copy(update) for update in self.variables]
-        return values, all_finite(values) if values else tf.constant(True)
+        return [read_no_copy(update) for update in self.variables]
 
     def _optimizer_step(self, grads: Sequence[tf.Tensor], write: Any) -> None:
         """Run the optimizer with ``grads`` on ``U``; its one addition to each ``U[i]`` goes

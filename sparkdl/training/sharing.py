@@ -45,8 +45,9 @@ class GradientSharingExchange(UpdateExchange):
     to them in the step's graph and :meth:`encode` encodes them in place, so the residual is
     never added to or copied apart; the same bits as the residual kept in the compressor's
     own vector (``hold_residual=False``). A non-finite update then stays in the residual, as
-    it stays in the optimizer's state (it ends the step before the encode, and the training
-    loop ends training on it).
+    it stays in the optimizer's state; the graph does not check it: the encode sweep, which
+    reads every element anyway, finds it before anything is encoded (no pass of its own) and
+    the step ends there (the training loop ends training on it).
 
     State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
     ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and
@@ -156,8 +157,8 @@ class GradientSharingExchange(UpdateExchange):
         loss, grads = self._gradient_tensors(x, y)
         updates = self._updates
         assert updates is not None  # the fused path has them
-        if updates.accumulate:  # U is the residual: U + d, checked after
-            pieces, finite = updates.add(grads)
+        if updates.accumulate:  # U is the residual: U + d, checked by the encode sweep
+            pieces, finite = updates.add(grads), tf.constant(True)
         elif self.loss_scale is None:
             pieces = updates.apply(grads)  # U holds this step's update, whatever it held
             finite = all_finite(pieces)

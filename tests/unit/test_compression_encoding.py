@@ -19,7 +19,7 @@ from sparkdl.compression.encoding import (
     sparse_entries,
     threshold_encode,
 )
-from sparkdl.errors import CommunicationError, ConfigurationError
+from sparkdl.errors import CommunicationError, ConfigurationError, NonFiniteError
 
 F32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 TAU = st.floats(
@@ -379,3 +379,44 @@ def test_encode_matches_whole_vector_reference_bit_for_bit() -> None:
             assert encoded.tau == float(np.float32(tau))
             assert encoded.payload == payload
             assert got.tobytes() == expected.tobytes()
+
+
+def test_checking_finiteness_changes_no_bit_of_a_finite_encode() -> None:
+    """``check_finite`` compares magnitudes as integer bit patterns: on a finite residual
+    the same message and the same residual as the float comparison."""
+    rng = np.random.default_rng(11)
+    for r, tau in _encode_cases(rng):
+        if not np.isfinite(r).all():
+            continue
+        plain, checked = r.copy(), r.copy()
+        expected = threshold_encode(plain, tau)
+        assert threshold_encode(checked, tau, check_finite=True) == expected
+        assert checked.tobytes() == plain.tobytes()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["sparse", "before-switch", "at-switch", "after-switch"])
+def test_a_non_finite_residual_is_named_and_left_unchanged(bad: float, where: str) -> None:
+    """Before anything is subtracted: in the sparse phase, among the candidates that were
+    flushed at the switch to the bitmap, in the chunk that switches, and past it."""
+    c = CHUNK_ELEMENTS
+    rng = np.random.default_rng(3)
+    n = 3 * c + 11
+    r = rng.normal(0, 7e-4, n).astype(np.float32)  # sparse: a few candidates at 2e-3
+    if where != "sparse":
+        r[c + 7 : c + 7 + n // 10] = rng.normal(0, 1e-2, n // 10)  # switches in chunk 1
+    at = {"sparse": 2 * c + 5, "before-switch": 17, "at-switch": c + 3,
+          "after-switch": 3 * c + 2}[where]
+    r[at] = bad
+    before = r.copy()
+    with pytest.raises(NonFiniteError, match=rf"residual element {at} is {bad}"):
+        threshold_encode(r, 2e-3, check_finite=True)
+    assert r.tobytes() == before.tobytes()
+    # without the check the sweep goes on as it always did: a NaN is never encoded
+    threshold_encode(r, 2e-3)
+
+
+def test_check_finite_takes_no_add() -> None:
+    r = np.zeros(8, np.float32)
+    with pytest.raises(ConfigurationError, match="check_finite needs the residual alone"):
+        threshold_encode(r, 1.0, add=r.copy(), check_finite=True)

@@ -25,7 +25,7 @@ from sparkdl.compression.threshold import (
     TargetSparsityThreshold,
     block_sample,
 )
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import ConfigurationError, NonFiniteError
 
 
 def _split(vector: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
@@ -73,6 +73,27 @@ def test_encoding_pieces_gives_the_message_and_residual_of_the_whole(
     assert (got.encoding, got.nnz, got.payload, got.tau) == (
         expected.encoding, expected.nnz, expected.payload, expected.tau)
     assert _joined(pieces).tobytes() == whole.tobytes()  # changed in place, the same bits
+
+
+@pytest.mark.parametrize("cuts", CUTS.values(), ids=list(CUTS))
+@pytest.mark.parametrize("density", [0.001, 0.3], ids=["sparse", "bitmap"])
+def test_pieces_are_checked_for_finiteness_as_the_whole(cuts: list[int], density: float
+                                                        ) -> None:
+    """``check_finite`` on pieces: the same bits as the whole when finite; a NaN in the
+    last chunk (read through a staged copy where a chunk spans pieces) is named by its flat
+    index and no piece changes."""
+    rng = np.random.default_rng(7)
+    whole = (rng.standard_normal(N) * 0.1).astype(np.float32)
+    whole[rng.random(N) < density] = np.float32(1.5)
+    pieces = _split(whole, cuts)
+    expected = threshold_encode(whole.copy(), 1.0)
+    assert threshold_encode(Pieces(pieces), 1.0, check_finite=True) == expected
+    pieces = _split(whole, cuts)
+    pieces[-1].reshape(-1)[-1] = np.nan
+    before = _joined(pieces).tobytes()
+    with pytest.raises(NonFiniteError, match=f"residual element {N - 1} is nan"):
+        threshold_encode(Pieces(pieces), 1.0, check_finite=True)
+    assert _joined(pieces).tobytes() == before
 
 
 @settings(max_examples=60, deadline=None)

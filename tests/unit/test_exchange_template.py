@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from _comm_harness import run_threads
 
+from sparkdl.errors import NonFiniteError
 from sparkdl.training.exchange import UpdateExchange
 from sparkdl.training.loop import PHASES
 
@@ -144,6 +145,45 @@ def test_a_non_finite_update_ends_the_step_before_anything_is_sent() -> None:
     hooks = [h for h, _ in calls]
     assert hooks == ["compute_update", "encode", "communicate", "decode", "apply",
                      "compute_update"]
+
+
+class CheckedWhenEncoded(MajorityVote):
+    """An exchange whose encode finds the update non-finite (as sharing's sweep over a
+    residual held in the optimizer's variables does) at step ``nan_at``."""
+
+    def __init__(self, *args: Any, nan_at: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nan_at = nan_at
+        self.sent: list[int] = []
+
+    def encode(self, update, step):  # type: ignore[no-untyped-def]
+        if step == self.nan_at:
+            raise NonFiniteError("residual element 0 is nan")
+        return super().encode(update, step)
+
+    def communicate(self, message, step):  # type: ignore[no-untyped-def]
+        self.sent.append(step)
+        return super().communicate(message, step)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_non_finite_update_found_by_the_encode_ends_the_step_before_anything_is_sent(
+    overlap: bool,
+) -> None:
+    def fn(rank, comm, model):  # type: ignore[no-untyped-def]
+        exchange = CheckedWhenEncoded(model, comm, nan_at=1, overlap=overlap)
+        ok = exchange.step(*_batch(rank, 0), 0)
+        exchange.drain()
+        before = _flat(model)
+        bad = exchange.step(*_batch(rank, 1), 1)
+        exchange.finish()
+        exchange.close()
+        return ok, bad, before, _flat(model), exchange.sent
+
+    (ok, bad, before, after, sent), = _on_ranks(1, fn)
+    assert ok.finite_update and not bad.finite_update and bad.timings == {}
+    assert before.tobytes() == after.tobytes()  # nothing applied
+    assert sent == [0]
 
 
 def test_the_finiteness_check_is_exact_when_a_finite_sum_overflows() -> None:

@@ -234,23 +234,38 @@ def test_a_non_finite_update_is_dropped_and_the_next_step_starts_from_zero() -> 
         comm.close()
 
 
-def test_a_non_finite_update_held_in_u_ends_the_step_before_anything_is_sent() -> None:
+@pytest.mark.parametrize("poison", ["nan-batch", "one-inf"])
+def test_a_non_finite_update_held_in_u_ends_the_step_before_anything_is_sent(
+    poison: str,
+) -> None:
     """The residual held in U takes the non-finite update (as the optimizer's state does):
-    the step reports it, nothing is encoded or sent, the weights are untouched (the loop
-    then ends training: test_timeline_fit's failed fit)."""
+    the step reports it, nothing is encoded or sent, the weights and the residual are
+    untouched (the loop then ends training: test_timeline_fit's failed fit). The graph does
+    not check U: the encode sweep finds a NaN batch's U (every element a candidate: the
+    bitmap phase) as it finds one infinity among the sparse candidates."""
     comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=SECRET, timeout_s=10)
     try:
         model = _model("sgd-momentum")
         exchange = _master(world=1).create_exchange(model, comm, job_id=1)
         assert exchange._memory is not None
-        (x0, y0), = _batches(0, 1)
+        (x0, y0), (x1, y1) = _batches(0, 2)
         exchange.step(x0, y0, 0)
         weights, tau = _flat(model), exchange.compressor.threshold.get_state()
-        result = exchange.step(np.full_like(x0, np.nan), y0, 1)
+        if poison == "nan-batch":
+            x1 = np.full_like(x1, np.nan)
+        else:
+            u = exchange._updates.variables[0]
+            u.assign(tf.tensor_scatter_nd_update(u, [[1, 2]], [np.inf]))
+        result = exchange.step(x1, y1, 1)
         assert not result.finite_update and "frame_bytes" not in result.extra
         assert _flat(model) == weights
         assert exchange.compressor.threshold.get_state() == tau  # nothing was encoded
-        assert not np.isfinite(exchange.compressor.get_residual()).all()
+        residual = exchange.compressor.get_residual()
+        assert not np.isfinite(residual).all()
+        if poison == "one-inf":  # the step's update is in U, nothing taken out of it
+            assert np.count_nonzero(~np.isfinite(residual)) == 1
+            again = exchange.step(x1, y1, 2)  # the infinity stays: every step ends there
+            assert not again.finite_update
     finally:
         comm.close()
 
