@@ -7,6 +7,7 @@ and sample such a vector as if it were the concatenation, without ever concatena
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -73,7 +74,7 @@ class Pieces:
         changing it."""
         for start in range(0, self.size, width):
             stop = min(start + width, self.size)
-            i = int(np.searchsorted(self.offsets, start, side="right")) - 1
+            i = bisect.bisect_right(self.offsets, start) - 1
             low = self.offsets[i]
             if stop <= self.offsets[i + 1]:
                 yield start, self.arrays[i][start - low : stop - low], False
