@@ -45,8 +45,8 @@ class ParameterAveragingExchange(UpdateExchange):
         # what an average replaces: one vector, so one read of the buffers and one allreduce
         self._averaged = FlatVariables(
             [*self.trainable.variables, *(self.optimizer_state.variables if save_updater else [])])
-        self._train_step = tf.function(self._train_step_fn, reduce_retracing=True)
-        self._loss_fn = tf.function(self._loss_only, reduce_retracing=True)
+        self._train_step = self._function(self._train_step_fn, reduce_retracing=True)
+        self._loss_fn = self._function(self._loss_only, reduce_retracing=True)
         self._since_average = 0
         # an average's result, kept: its pages are touched once, not every round
         self._result = np.empty(self._averaged.size, np.float32)

@@ -90,8 +90,8 @@ class DenseAllreduceExchange(UpdateExchange):
         if pending is None and not pieces:
             return super().compute_update(x, y, step)
         if self._apply_then_gradients_fn is None:
-            self._apply_then_gradients_fn = tf.function(self._apply_then_gradients,
-                                                        reduce_retracing=True)
+            self._apply_then_gradients_fn = self._function(self._apply_then_gradients,
+                                                           reduce_retracing=True)
         loss, grads, finite = self._apply_then_gradients_fn(pending, x, y, pieces)
         update: Any = [np.asarray(g) for g in grads] if pieces else np.asarray(grads)
         self._update_tensor = (update, grads)
@@ -135,7 +135,7 @@ class DenseAllreduceExchange(UpdateExchange):
             self._apply_tensor(pending)
             return
         if self._apply_pieces_fn is None:
-            self._apply_pieces_fn = tf.function(self._apply_update, reduce_retracing=True)
+            self._apply_pieces_fn = self._function(self._apply_update, reduce_retracing=True)
         self._apply_pieces_fn(pending)
 
     def evaluate_batch(self, x: np.ndarray, y: np.ndarray) -> float:

@@ -63,6 +63,11 @@ class UpdateExchange(abc.ABC):
     ``optimizer.<i>`` per variable in ``model.optimizer.variables`` order; subclasses add
     theirs). Restoring it after the weights continues training exactly.
 
+    The step's TensorFlow graphs are compiled with XLA when the model's ``jit_compile`` is
+    set (:attr:`jit_compile`), as ``model.fit`` compiles its train step; gradient sharing's
+    update graphs are the exception (see
+    :class:`~sparkdl.training.sharing.GradientSharingExchange`).
+
     :meth:`accumulate` (Horovod's ``backward_passes_per_step``): :meth:`step` adds each
     micro-batch's gradient to a float32 sum and exchanges the mean of ``k`` of them once every
     ``k`` calls (the pending sum is part of the state). Only for exchanges whose update is the
@@ -90,6 +95,10 @@ class UpdateExchange(abc.ABC):
         self.trainable = FlatVariables(model.trainable_variables)
         self.non_trainable = FlatVariables(model.non_trainable_variables)
         self.metrics = CompiledMetrics(model)
+        #: Whether the step's graphs are compiled with XLA: the model's ``jit_compile``, as
+        #: ``model.fit`` would (Keras resolves ``"auto"`` when the model is compiled: off on
+        #: a machine without an accelerator, on for a model that supports it where one is).
+        self.jit_compile = bool(getattr(model, "jit_compile", False))
         self.overlap = bool(overlap)
         self._in_flight = InFlightExchange(overlap_timeout(comm)) if self.overlap else None
         self._evaluate_fn: Any = None
@@ -199,7 +208,7 @@ class UpdateExchange(abc.ABC):
         gradient as a read-only numpy view of the tensor (no copy on CPU; ``finite``: whether
         every element is finite)."""
         if self._gradients_fn is None:
-            self._gradients_fn = tf.function(self._flat_gradients, reduce_retracing=True)
+            self._gradients_fn = self._function(self._flat_gradients, reduce_retracing=True)
         loss, grads, finite = self._gradients_fn(x, y)
         update = np.asarray(grads)
         self._update_tensor = (update, grads)  # handed back as is if it comes back unchanged
@@ -236,7 +245,7 @@ class UpdateExchange(abc.ABC):
     def _apply_tensor(self, flat: tf.Tensor) -> tf.Tensor:
         """:meth:`_apply_flat` in its own graph; whether it applied."""
         if self._apply_gradients_fn is None:
-            self._apply_gradients_fn = tf.function(
+            self._apply_gradients_fn = self._function(
                 self._apply_flat, input_signature=[tf.TensorSpec([None], tf.float32)]
             )
         return self._apply_gradients_fn(flat)
@@ -283,7 +292,7 @@ class UpdateExchange(abc.ABC):
         """The loss of the current weights on a batch (inference mode); adds the batch to the
         compiled metrics."""
         if self._evaluate_fn is None:
-            self._evaluate_fn = tf.function(
+            self._evaluate_fn = self._function(
                 lambda x, y: self._loss(x, y, training=False), reduce_retracing=True
             )
         return float(self._evaluate_fn(x, y))
@@ -335,6 +344,10 @@ class UpdateExchange(abc.ABC):
             variable.assign(value.astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
 
     # Shared building blocks -------------------------------------------------------------
+
+    def _function(self, fn: Any, **kwargs: Any) -> Any:
+        """``tf.function(fn, **kwargs)``, compiled with XLA when :attr:`jit_compile` is set."""
+        return tf.function(fn, jit_compile=True if self.jit_compile else None, **kwargs)
 
     def _loss(self, x: tf.Tensor, y: Any, training: bool = True) -> tf.Tensor:
         """The batch loss (the model's own ``compute_loss``, with the sample weights of a

@@ -49,6 +49,10 @@ class GradientSharingExchange(UpdateExchange):
     reads every element anyway, finds it before anything is encoded (no pass of its own) and
     the step ends there (the training loop ends training on it).
 
+    The update graphs are not compiled with XLA, whatever the model's ``jit_compile``: the
+    fused graph's aliasing reads of the variables (``read_value_no_copy``) do not compile,
+    and the fallback graph is kept alike (its evaluation graph follows the model).
+
     State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
     ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and
     ``pending``, a decoded sum not applied yet (zeros: every sum is applied within its step

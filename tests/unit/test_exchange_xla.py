@@ -1,0 +1,94 @@
+"""The step graphs follow the model's ``jit_compile`` (XLA), as Keras's ``fit`` does.
+
+Ranks are threads of this process joined by a real TCP ring (no Spark, no mocks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from _comm_harness import run_threads
+
+from sparkdl.training.masters import DenseTrainingMaster, ParameterAveragingTrainingMaster
+
+MODES = {
+    "dense": lambda: DenseTrainingMaster(batch_size_per_worker=4, num_workers=2),
+    "averaging": lambda: ParameterAveragingTrainingMaster(
+        batch_size_per_worker=4, num_workers=2, averaging_frequency=2),
+}
+
+
+class HostRoundTrip(keras.layers.Layer):
+    """The identity through ``tf.numpy_function``: an op XLA cannot compile, in a layer that
+    claims to support it (so Keras keeps ``jit_compile=True``)."""
+
+    def call(self, x: Any) -> Any:
+        echoed = tf.numpy_function(lambda a: a, [x], tf.float32)
+        return x + 0.0 * tf.reshape(echoed, tf.shape(x))
+
+
+def _model(jit_compile: bool, host_op: bool = False) -> keras.Model:
+    keras.utils.set_random_seed(3)
+    layers = [keras.Input((5,)), *([HostRoundTrip()] if host_op else []),
+              keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)]
+    model = keras.Sequential(layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=jit_compile)
+    return model
+
+
+def _batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(10 * rank + step)
+    return rng.standard_normal((4, 5)).astype(np.float32), rng.integers(0, 3, 4).astype(np.int64)
+
+
+def _train(mode: str, jit_compile: bool, steps: int = 4) -> list[np.ndarray]:
+    models = [_model(jit_compile) for _ in range(2)]
+
+    def fn(rank: int, comm: Any) -> np.ndarray:
+        exchange = MODES[mode]().create_exchange(models[rank], comm, job_id=1)
+        assert exchange.jit_compile is jit_compile
+        for step in range(steps):
+            assert exchange.step(*_batch(rank, step), step).finite_update
+        exchange.evaluate_batch(*_batch(rank, steps))
+        exchange.finish()
+        exchange.close()
+        return np.concatenate([w.ravel() for w in models[rank].get_weights()])
+
+    return run_threads(2, fn)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_xla_compiled_steps_keep_replicas_identical_and_train_as_without(mode: str) -> None:
+    compiled = _train(mode, jit_compile=True)
+    plain = _train(mode, jit_compile=False)
+    assert compiled[0].tobytes() == compiled[1].tobytes()
+    np.testing.assert_allclose(compiled[0], plain[0], rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(compiled[0], _model(False).get_weights()[0])  # it trained
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_step_is_compiled_with_xla_only_when_the_model_says_so(mode: str) -> None:
+    """An op XLA cannot compile fails the step under ``jit_compile=True`` (the graph really
+    went to XLA) and trains without it."""
+    from sparkdl.comm import create_communicator
+
+    comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=b"k" * 32, timeout_s=10)
+    try:
+        for jit_compile in (False, True):
+            model = _model(jit_compile, host_op=True)
+            assert model.jit_compile is jit_compile
+            exchange = MODES[mode]().create_exchange(model, comm, job_id=1)
+            if jit_compile:
+                with pytest.raises(tf.errors.OpError, match=r"(?i)xla|PyFunc|numpy_function"):
+                    exchange.step(*_batch(0, 0), 0)
+            else:
+                assert exchange.step(*_batch(0, 0), 0).finite_update
+            exchange.close()
+    finally:
+        comm.close()
