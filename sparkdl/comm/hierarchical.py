@@ -99,6 +99,29 @@ def host_groups(hosts: Sequence[str]) -> list[list[int]]:
     return list(groups.values())
 
 
+class RoundError(CommunicationError):
+    """The world's rendezvous round failed (its errors number the ranks in the world)."""
+
+
+class RingErrors:
+    """A context that prefixes a :class:`CommunicationError` raised in it with which group's
+    ring failed and the world rank of each of that ring's ranks (its own errors can only
+    number them within the group); a :class:`RoundError` passes as it is."""
+
+    def __init__(self, group: Sequence[int], host: int | None = None) -> None:
+        which = "the leaders' ring" if host is None else f"host {host}'s ring"
+        ranks = ", ".join(str(r) for r in range(len(group)))
+        self.name = f"{which} (ranks {ranks} = world ranks {', '.join(map(str, group))})"
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: object) -> None:
+        if isinstance(error, CommunicationError) and not isinstance(error, RoundError):
+            raise CommunicationError(f"{self.name}: {error}") from error
+
+
 def check_hosts(hosts: Sequence[str], world_size: int) -> None:
     """Raise :class:`ConfigurationError` unless ``hosts`` names one host per rank."""
     if len(hosts) != world_size:
@@ -148,6 +171,9 @@ class HierarchicalCommunicator(Communicator):
         if self.is_leader and leaders is None and len(self.groups) > 1:
             raise ConfigurationError(f"rank {rank} leads host {self.host} but has no leaders' ring")
         self.timeout_s = float(getattr(local, "timeout_s", 120.0))
+        # errors of either ring name the world ranks of its ranks
+        self._on_host = RingErrors(self.groups[self.host], self.host)
+        self._on_leaders = RingErrors([g[0] for g in self.groups])
         # a leader's host sums, one kept buffer per vector shape reduced (e.g. the gradient,
         # and at an epoch's end the non-trainable statistics)
         self._buffers: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
@@ -180,14 +206,17 @@ class HierarchicalCommunicator(Communicator):
         return len(self.groups) > 1
 
     def allgather(self, message: bytes | memoryview) -> list[bytes]:
-        mine = self.local.allgather(message)
+        with self._on_host:
+            mine = self.local.allgather(message)
         others = b""
         if self.is_leader and self._across_hosts():
             assert self.leaders is not None
-            bundles = self.leaders.allgather(pack_bundle(mine))
+            with self._on_leaders:
+                bundles = self.leaders.allgather(pack_bundle(mine))
             others = pack_bundle([b for h, b in enumerate(bundles) if h != self.host])
         if self._several_hosts:
-            others = self.local.broadcast(others if self.is_leader else None, root=0)
+            with self._on_host:
+                others = self.local.broadcast(others if self.is_leader else None, root=0)
         remote = unpack_bundle(others, len(self.groups) - 1) if self._several_hosts else []
         out: list[bytes] = [b""] * self.world_size
         for h, group in enumerate(self.groups):
@@ -203,7 +232,8 @@ class HierarchicalCommunicator(Communicator):
     ) -> np.ndarray:
         check_reduce_op(op)
         reduce_destination(np.asarray(array), out)
-        host = self.local.allreduce(array, "sum", out=self._host_sum(out))
+        with self._on_host:
+            host = self.local.allreduce(array, "sum", out=self._host_sum(out))
         return self._across_and_back(host, op, out)
 
     def allreduce_pieces(
@@ -211,7 +241,8 @@ class HierarchicalCommunicator(Communicator):
     ) -> np.ndarray:
         check_reduce_op(op)
         # the host's communicator reads the pieces in place (the TCP ring never concatenates)
-        host = self.local.allreduce_pieces(pieces, "sum", out=self._host_sum(out))
+        with self._on_host:
+            host = self.local.allreduce_pieces(pieces, "sum", out=self._host_sum(out))
         return self._across_and_back(host, op, out)
 
     def _host_sum(self, out: np.ndarray | None) -> np.ndarray | None:
@@ -233,8 +264,10 @@ class HierarchicalCommunicator(Communicator):
         if self._several_hosts:
             if self.is_leader:
                 assert self.leaders is not None
-                total = self.leaders.allreduce(total, "sum", out=out)
-            total = self.local.broadcast_into(total, root=0)
+                with self._on_leaders:
+                    total = self.leaders.allreduce(total, "sum", out=out)
+            with self._on_host:
+                total = self.local.broadcast_into(total, root=0)
         if op == "mean":
             total /= total.dtype.type(self.world_size)  # never the input: a result array
         return total if out is None else out
@@ -245,22 +278,29 @@ class HierarchicalCommunicator(Communicator):
         data: bytes | None = None
         if self.host == root_host:
             local_root = self.groups[root_host].index(root)
-            data = self.local.broadcast(message if self.rank == root else None, local_root)
+            with self._on_host:
+                data = self.local.broadcast(message if self.rank == root else None, local_root)
         if self._across_hosts() and self.is_leader:
             assert self.leaders is not None
-            data = self.leaders.broadcast(data if self.host == root_host else None, root_host)
+            with self._on_leaders:
+                data = self.leaders.broadcast(data if self.host == root_host else None,
+                                              root_host)
         if self.host != root_host:  # (then there are several hosts)
-            data = self.local.broadcast(data if self.is_leader else None, root=0)
+            with self._on_host:
+                data = self.local.broadcast(data if self.is_leader else None, root=0)
         assert data is not None
         return data
 
     def barrier(self) -> None:
-        self.local.barrier()
+        with self._on_host:
+            self.local.barrier()
         if self._several_hosts:
             if self._across_hosts():
                 assert self.leaders is not None
-                self.leaders.barrier()
-            self.local.barrier()
+                with self._on_leaders:
+                    self.leaders.barrier()
+            with self._on_host:
+                self.local.barrier()
 
     def close(self) -> None:
         try:
@@ -295,7 +335,8 @@ def connect_hierarchical(
 
     def connect_host_ring() -> None:
         try:
-            local.append(connect(mine.index(rank), len(mine), shared.host_ring(mine)))
+            with RingErrors(mine, groups.index(mine)):
+                local.append(connect(mine.index(rank), len(mine), shared.host_ring(mine)))
         except BaseException as exc:  # raised on the caller's thread
             failed.append(exc)
         finally:
@@ -307,7 +348,8 @@ def connect_hierarchical(
     try:
         try:
             if rank in heads:
-                leaders = connect(heads.index(rank), len(heads), shared.leaders_ring(heads))
+                with RingErrors(heads):
+                    leaders = connect(heads.index(rank), len(heads), shared.leaders_ring(heads))
             shared.run()  # a non-leader, or a one-rank leaders' ring: the round all the same
         except BaseException as exc:
             shared.abort(exc)  # the host's ring stops waiting for a round
@@ -315,7 +357,8 @@ def connect_hierarchical(
         finally:
             helper.join(timeout_s + 1.0)  # the round is over: what is left is its connecting
         if helper.is_alive():
-            raise CommunicationError(f"the host's ring did not connect in {timeout_s:g} s")
+            name = RingErrors(mine, groups.index(mine)).name
+            raise CommunicationError(f"{name} did not connect in {timeout_s:g} s")
         if failed:
             raise failed[0]
     except BaseException:
@@ -365,9 +408,13 @@ class _SharedRound:
             return
         try:
             if not self._settled.wait(self._timeout_s):
-                raise CommunicationError(
-                    f"the host's ring gave no address in {self._timeout_s:g} s")
-            values = self._exchange(json.dumps(self._values))
+                raise RoundError(f"the host's ring gave no address in {self._timeout_s:g} s")
+            try:
+                values = self._exchange(json.dumps(self._values))
+            except RoundError:
+                raise
+            except CommunicationError as exc:
+                raise RoundError(str(exc)) from exc
             self._pairs = [_pair(rank, value) for rank, value in enumerate(values)]
         except BaseException as exc:
             self._error = exc
@@ -384,7 +431,7 @@ class _SharedRound:
     def _part(self, index: int, group: list[int]) -> Exchange:
         def sub_exchange(value: str) -> list[str]:
             if self._used[index]:
-                raise CommunicationError("a group's ring may use one round of the rendezvous")
+                raise RoundError("a group's ring may use one round of the rendezvous")
             self._used[index] = True
             self._values[index] = value
             if index == 0:
@@ -393,7 +440,7 @@ class _SharedRound:
             else:
                 self.run()
             if self._pairs is None:
-                raise CommunicationError(f"the rendezvous round failed: {self._error}")
+                raise RoundError(f"the rendezvous round failed: {self._error}")
             return [self._pairs[r][index] for r in group]
 
         return sub_exchange
@@ -406,7 +453,7 @@ def _pair(rank: int, value: str) -> list[str]:
     except (TypeError, ValueError):
         pair = None
     if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, str) for v in pair)):
-        raise CommunicationError(
+        raise RoundError(
             f"rank {rank} published {value!r} in the rendezvous, expected a JSON pair of "
             "addresses"
         )

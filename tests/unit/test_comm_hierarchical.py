@@ -148,15 +148,45 @@ def test_a_host_ring_that_fails_before_the_round_leaves_no_rank_waiting():
     that at once from the round (no address), and the other host is unaffected."""
     out = values(run_ranks(_two_levels, 4, args=(3, "host ring"), timeout=60))
     assert [o[0] for o in out] == ["connected", "connected", "CommunicationError", "OSError"]
+    # the ring numbers its ranks within the host: the error says which world ranks they are
+    assert out[2][1].startswith("host 1's ring (ranks 0, 1 = world ranks 2, 3): ")
     assert "rank 1 published a bad address ''" in out[2][1]
     assert "no port free" in out[3][1]
     assert all(o[2] < 15 for o in out), out  # none waited for a timeout of its own
 
 
 def test_a_malformed_round_value_is_named():
+    """By its world rank, on every rank: the round's errors take no ring's numbering."""
     out = values(run_ranks(_two_levels, 4, args=(1, "malformed"), timeout=60))
-    assert [o[0] for o in out] == ["CommunicationError"] * 4
-    assert all("rank 1 published 'not a pair' in the rendezvous" in o[1] for o in out), out
+    assert [o[0] for o in out] == ["RoundError"] * 4  # a CommunicationError
+    assert all(o[1].startswith("rank 1 published 'not a pair' in the rendezvous")
+               for o in out), out
+
+
+def _one_rank_leaves(rank, world, exchange):
+    comm = connect_hierarchical(rank, world, exchange, _ring, hosts=HOSTS, timeout_s=5)
+    try:
+        comm.allgather(b"first")
+        if rank == 3:
+            return "left", ""
+        try:
+            comm.allgather(b"second")
+        except CommunicationError as exc:
+            return "failed", str(exc)
+        return "gathered", ""
+    finally:
+        comm.close()
+
+
+def test_a_collective_that_fails_names_the_world_ranks_of_the_failed_ring():
+    """World rank 3 leaves: its host's other rank fails in their host's ring, that rank's
+    leader then in the leaders' ring, and the first host's other rank in its own; each error
+    says which ring, and which world ranks its ranks are."""
+    out = values(run_ranks(_one_rank_leaves, 4, timeout=60))
+    assert [o[0] for o in out] == ["failed", "failed", "failed", "left"], out
+    assert out[2][1].startswith("host 1's ring (ranks 0, 1 = world ranks 2, 3): rank 0: ")
+    assert out[0][1].startswith("the leaders' ring (ranks 0, 1 = world ranks 0, 2): rank 0: ")
+    assert out[1][1].startswith("host 0's ring (ranks 0, 1 = world ranks 0, 1): rank 1: ")
 
 
 @pytest.mark.parametrize(("transport", "topology", "world_size"),
