@@ -64,9 +64,8 @@ class UpdateExchange(abc.ABC):
     theirs). Restoring it after the weights continues training exactly.
 
     The step's TensorFlow graphs are compiled with XLA when the model's ``jit_compile`` is
-    set (:attr:`jit_compile`), as ``model.fit`` compiles its train step; gradient sharing's
-    update graphs are the exception (see
-    :class:`~sparkdl.training.sharing.GradientSharingExchange`).
+    set (:attr:`jit_compile`), as ``model.fit`` compiles its train step (gradient sharing:
+    see :class:`~sparkdl.training.sharing.GradientSharingExchange`).
 
     :meth:`accumulate` (Horovod's ``backward_passes_per_step``): :meth:`step` adds each
     micro-batch's gradient to a float32 sum and exchanges the mean of ``k`` of them once every

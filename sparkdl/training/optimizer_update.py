@@ -100,9 +100,14 @@ class UpdateVariables:
                 raise ValueError("the optimizer must be built on exactly these variables")
             indices[optimizer._var_key(update)] = i
 
-    def apply(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """(In a graph) one optimizer step on ``U`` with ``grads``; returns the values of
-        ``U`` (the update), aliasing their buffers on the host.
+    def values(self) -> list[tf.Tensor]:
+        """(In a graph) the values of ``U``, aliasing their buffers on the host (not in an
+        XLA-compiled function: the reads that alias do not compile)."""
+        return [read_no_copy(update) for update in self.variables]
+
+    def apply(self, grads: Sequence[tf.Tensor]) -> None:
+        """(In a graph) one optimizer step on ``U`` with ``grads``: ``U`` holds the update
+        (:meth:`values`).
 
         The optimizer's one addition to each ``U[i]`` (``assign_add(U, d)`` or
         ``assign_sub(U, d)``) is written as an assignment of ``0 + d`` (``0 - d``): bit for bit
@@ -124,19 +129,16 @@ class UpdateVariables:
             variable.assign(tf.add(zero, value) if sign > 0 else tf.subtract(zero, value))
 
         self._optimizer_step(grads, write)
-        return [read_no_copy(update) for update in self.variables]
 
-    def add(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    def add(self, grads: Sequence[tf.Tensor]) -> None:
         """(In a graph, ``accumulate=True``) one optimizer step whose update is added to
-        ``U`` (the optimizer's own ``U + d``); returns the values of ``U``, aliasing their
-        buffers on the host. Their finiteness is not checked here: the host's encode sweep
-        checks it (``ThresholdCompressor.compress_held``), with no pass of its own. A
-        non-finite update stays in ``U``, as it stays in the optimizer's state: training ends
-        on it (the loop raises ``TrainingError``)."""
+        ``U`` (the optimizer's own ``U + d``). Its finiteness is not checked here: the host's
+        encode sweep checks it (``ThresholdCompressor.compress_held``), with no pass of its
+        own. A non-finite update stays in ``U``, as it stays in the optimizer's state:
+        training ends on it (the loop raises ``TrainingError``)."""
         if not self.accumulate:
             raise ValueError("add() needs update variables built with accumulate=True")
         self._optimizer_step(grads, lambda variable, value, sign, own: own(variable, value))
-        return [read_no_copy(update) for update in self.variables]
 
     def _optimizer_step(self, grads: Sequence[tf.Tensor], write: Any) -> None:
         """Run the optimizer with ``grads`` on ``U``; its one addition to each ``U[i]`` goes

@@ -18,7 +18,7 @@ from sparkdl.compression.compressor import (
 from sparkdl.compression.memory import HostMemory
 from sparkdl.errors import ConfigurationError
 from sparkdl.training.exchange import UpdateExchange, all_finite
-from sparkdl.training.host_views import HostViews, on_host_float32, read_no_copy
+from sparkdl.training.host_views import HostViews, on_host_float32
 from sparkdl.training.optimizer_update import UpdateMemory, UpdateVariables, fallback_reason
 
 
@@ -49,9 +49,10 @@ class GradientSharingExchange(UpdateExchange):
     reads every element anyway, finds it before anything is encoded (no pass of its own) and
     the step ends there (the training loop ends training on it).
 
-    The update graphs are not compiled with XLA, whatever the model's ``jit_compile``: the
-    fused graph's aliasing reads of the variables (``read_value_no_copy``) do not compile,
-    and the fallback graph is kept alike (its evaluation graph follows the model).
+    With the model's ``jit_compile`` the gradient and the optimizer's step are compiled with
+    XLA: the fallback's whole update graph; on the fused path a function of their own, called
+    from the update graph, which then takes the reads that alias ``U`` and W (those do not
+    compile).
 
     State (:meth:`get_state`): the compressor's (``compressor.memory.residual``,
     ``compressor.threshold.*``), the optimizer's variables (``optimizer.<i>``) and
@@ -117,9 +118,13 @@ class GradientSharingExchange(UpdateExchange):
         self._pending_host = np.zeros(n, dtype=np.float32)  # checkpoint compatibility: zeros
         self._scratch = np.zeros(n, dtype=np.float32)  # decompress_sparse_sum's argument
         self._sum = np.zeros(n, dtype=np.float32)  # the dense sum of bitmap frames
-        self._update_fn = tf.function(
-            self._update_graph if self._updates is None else self._fused_update_graph,
-            reduce_retracing=True,
+        # XLA (the model's jit_compile): the fallback's whole graph; the fused graph's
+        # gradient and optimizer step, its reads that alias U and W apart (they do not compile)
+        self._xla_step = (self._function(self._optimizer_into_updates, reduce_retracing=True)
+                          if self.jit_compile and self._updates is not None else None)
+        self._update_fn = (
+            self._function(self._update_graph, reduce_retracing=True) if self._updates is None
+            else tf.function(self._fused_update_graph, reduce_retracing=True)
         )
         self._add_dense_fn = tf.function(self._add_dense_graph, reduce_retracing=True)
         self._add_sparse_fn = tf.function(
@@ -158,22 +163,37 @@ class GradientSharingExchange(UpdateExchange):
         update ends the step before the encode (the optimizer's state has taken the step, as
         in the fallback). Also returns reads of W that alias its buffers (for :meth:`apply`'s
         in-place addition)."""
-        loss, grads = self._gradient_tensors(x, y)
         updates = self._updates
         assert updates is not None  # the fused path has them
-        if updates.accumulate:  # U is the residual: U + d, checked by the encode sweep
-            pieces, finite = updates.add(grads), tf.constant(True)
-        elif self.loss_scale is None:
-            pieces = updates.apply(grads)  # U holds this step's update, whatever it held
+        loss, applied = (self._xla_step or self._optimizer_into_updates)(x, y)
+        pieces = updates.values()
+        if applied is not None:  # loss scaling: a skipped step ends before the encode
+            finite = applied
+        elif updates.accumulate:  # U is the residual, checked by the encode sweep
+            finite = tf.constant(True)
+        else:
             finite = all_finite(pieces)
-        else:  # a non-finite gradient (a skipped step) reaches no optimizer state; U keeps
-            # what it held, unread: the step ends before the encode
-            finite = self._apply_if_finite(lambda: updates.apply(grads), grads)
-            pieces = [read_no_copy(update) for update in updates.variables]
         reads = self._views.reads() if self._views is not None else []
         if flat:
             pieces = tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0)
         return loss, pieces, finite, reads
+
+    def _optimizer_into_updates(self, x: tf.Tensor, y: Any) -> tuple[tf.Tensor, Any]:
+        """(In a graph, compiled with XLA when :attr:`jit_compile`: no aliasing read in it)
+        the batch's gradient and the optimizer's step into ``U``: ``U + d`` when ``U`` is
+        the residual, else ``U ← 0 + d``; with loss scaling only for a finite gradient (a
+        skipped step reaches no optimizer state, and ``U`` keeps what it held, unread).
+        Returns the loss and, with loss scaling, whether the step was applied (else None)."""
+        loss, grads = self._gradient_tensors(x, y)
+        updates = self._updates
+        assert updates is not None  # the fused path has them
+        if updates.accumulate:
+            updates.add(grads)
+        elif self.loss_scale is None:
+            updates.apply(grads)
+        else:
+            return loss, self._apply_if_finite(lambda: updates.apply(grads), grads)
+        return loss, None
 
     def _add_dense_graph(self, total: tf.Tensor) -> None:
         """W ← W + total; the model's variables ← W (same bits on every worker)."""

@@ -300,7 +300,7 @@ def test_the_update_written_into_u_is_the_sum_into_zeroed_u_bit_for_bit(make) ->
 
     @tf.function
     def write(grads):  # type: ignore[no-untyped-def]
-        return written[0][1].apply(grads)
+        written[0][1].apply(grads)
 
     @tf.function
     def add(grads):  # type: ignore[no-untyped-def]
