@@ -301,10 +301,11 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
     """Pick tau so that about ``sparsity * n`` elements of the residual pass.
 
     :meth:`select` takes a sample of ``|residual|`` in evenly spaced blocks of
-    :attr:`BLOCK` consecutive elements (at least 65,536 elements in all, and enough that the
-    target is about 64 of them; the whole vector when that is most of it; the blocks' start
-    moves with the step), and returns its ``(1 - sparsity)`` quantile via ``np.partition``.
-    Blocks, not single elements at a stride, so the sample reads a sixteenth of the vector's
+    :attr:`BLOCK` consecutive elements, one block every ``BLOCK * stride`` elements (one
+    element in ``stride`` in all: at least 65,536 elements, and enough that the target is
+    about 64 of them; the whole vector when that is most of it; the blocks' start moves with
+    the step), and returns its ``(1 - sparsity)`` quantile via ``np.partition``. Blocks, not
+    single elements at a stride, so the sample reads one ``stride``-th of the vector's
     memory, not all of it. If that quantile is 0 (an almost-empty residual) the previous tau is
     kept. The first tau before any residual is seen is ``initial`` (default 1e-3). The
     target is at least ``min_elements`` elements (at most half the vector; default
@@ -313,8 +314,11 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
 
     uses_residual: ClassVar[bool] = True
     _MIN_SAMPLE = 1 << 16
-    #: Consecutive elements per sampled block (64 bytes: one cache line when aligned).
-    BLOCK = 16
+    #: Consecutive elements per sampled block: 128 bytes, the pair of cache lines a miss
+    #: brings in anyway (measured on the scaling model's 1.09M-element residual, cold: the
+    #: same 65,536-element sample in blocks of 16 took 201 µs, of 32 122 µs, of 64 114 µs;
+    #: the passing count's spread around the target was the same, 12 %).
+    BLOCK = 32
 
     def __init__(
         self,
@@ -354,7 +358,7 @@ class TargetSparsityThreshold(ThresholdAlgorithm):
         if stride < 2:  # the whole vector
             plan = SamplePlan(0, max(n, 1), n, 1 if n else 0, 0)
         else:
-            width = min(self.BLOCK, stride)
+            width = self.BLOCK
             period = width * stride
             offset = (step * 7919) % period
             plan = SamplePlan(offset, period, width, (n - offset - width) // period + 1, 0)

@@ -146,8 +146,8 @@ def test_long_run_switches_encodings_like_the_host(algorithm: str) -> None:
 
 @pytest.mark.parametrize("n", [300_001, 2_500_003])
 def test_target_sparsity_samples_the_same_blocks_as_the_host(n: int) -> None:
-    """Vectors large enough that the sample is blocks, not the whole vector (4 of every 16
-    elements at 300,001; 16 of every 608 at 2,500,003): the same tau, frames and residual."""
+    """Vectors large enough that the sample is blocks, not the whole vector (32 of every 128
+    elements at 300,001; 32 of every 1,216 at 2,500,003): the same tau, frames and residual."""
     rng = np.random.default_rng(n)
     host, dev = _pair(n, lambda: TargetSparsityThreshold(sparsity=1e-3, initial=1e-2))
     plan = host.threshold.sample_plan(n, 0)
