@@ -108,8 +108,8 @@ class RingErrors:
     ring failed and the world rank of each of that ring's ranks (its own errors can only
     number them within the group); a :class:`RoundError` passes as it is."""
 
-    def __init__(self, group: Sequence[int], host: int | None = None) -> None:
-        which = "the leaders' ring" if host is None else f"host {host}'s ring"
+    def __init__(self, group: Sequence[int], host: int | str | None = None) -> None:
+        which = "the leaders' ring" if host is None else f"the ring of host {host!r}"
         ranks = ", ".join(str(r) for r in range(len(group)))
         self.name = f"{which} (ranks {ranks} = world ranks {', '.join(map(str, group))})"
 
@@ -150,6 +150,7 @@ class HierarchicalCommunicator(Communicator):
         local: the communicator of this host's ranks (ordered as in ``groups``).
         leaders: the communicator of the hosts' leaders, on leaders only (``None`` elsewhere,
             and allowed to be ``None`` with one host).
+        host_names: each group's host, for errors (else they number the hosts).
     """
 
     topology = "hierarchical"
@@ -160,6 +161,7 @@ class HierarchicalCommunicator(Communicator):
         groups: Sequence[Sequence[int]],
         local: Communicator,
         leaders: Communicator | None,
+        host_names: Sequence[str] | None = None,
     ) -> None:
         self.rank = rank
         self.groups = [list(g) for g in groups]
@@ -172,7 +174,8 @@ class HierarchicalCommunicator(Communicator):
             raise ConfigurationError(f"rank {rank} leads host {self.host} but has no leaders' ring")
         self.timeout_s = float(getattr(local, "timeout_s", 120.0))
         # errors of either ring name the world ranks of its ranks
-        self._on_host = RingErrors(self.groups[self.host], self.host)
+        self._on_host = RingErrors(self.groups[self.host],
+                                   self.host if host_names is None else host_names[self.host])
         self._on_leaders = RingErrors([g[0] for g in self.groups])
         # a leader's host sums, one kept buffer per vector shape reduced (e.g. the gradient,
         # and at an epoch's end the non-trainable statistics)
@@ -335,7 +338,7 @@ def connect_hierarchical(
 
     def connect_host_ring() -> None:
         try:
-            with RingErrors(mine, groups.index(mine)):
+            with RingErrors(mine, hosts[rank]):
                 local.append(connect(mine.index(rank), len(mine), shared.host_ring(mine)))
         except BaseException as exc:  # raised on the caller's thread
             failed.append(exc)
@@ -357,7 +360,7 @@ def connect_hierarchical(
         finally:
             helper.join(timeout_s + 1.0)  # the round is over: what is left is its connecting
         if helper.is_alive():
-            name = RingErrors(mine, groups.index(mine)).name
+            name = RingErrors(mine, hosts[rank]).name
             raise CommunicationError(f"{name} did not connect in {timeout_s:g} s")
         if failed:
             raise failed[0]
@@ -366,7 +369,8 @@ def connect_hierarchical(
             if comm is not None:
                 comm.close()
         raise
-    return HierarchicalCommunicator(rank, groups, local[0], leaders)
+    return HierarchicalCommunicator(rank, groups, local[0], leaders,
+                                    host_names=[hosts[g[0]] for g in groups])
 
 
 class _SharedRound:

@@ -149,7 +149,7 @@ def test_a_host_ring_that_fails_before_the_round_leaves_no_rank_waiting():
     out = values(run_ranks(_two_levels, 4, args=(3, "host ring"), timeout=60))
     assert [o[0] for o in out] == ["connected", "connected", "CommunicationError", "OSError"]
     # the ring numbers its ranks within the host: the error says which world ranks they are
-    assert out[2][1].startswith("host 1's ring (ranks 0, 1 = world ranks 2, 3): ")
+    assert out[2][1].startswith("the ring of host 'b' (ranks 0, 1 = world ranks 2, 3): ")
     assert "rank 1 published a bad address ''" in out[2][1]
     assert "no port free" in out[3][1]
     assert all(o[2] < 15 for o in out), out  # none waited for a timeout of its own
@@ -184,9 +184,9 @@ def test_a_collective_that_fails_names_the_world_ranks_of_the_failed_ring():
     says which ring, and which world ranks its ranks are."""
     out = values(run_ranks(_one_rank_leaves, 4, timeout=60))
     assert [o[0] for o in out] == ["failed", "failed", "failed", "left"], out
-    assert out[2][1].startswith("host 1's ring (ranks 0, 1 = world ranks 2, 3): rank 0: ")
+    assert out[2][1].startswith("the ring of host 'b' (ranks 0, 1 = world ranks 2, 3): rank 0: ")
     assert out[0][1].startswith("the leaders' ring (ranks 0, 1 = world ranks 0, 2): rank 0: ")
-    assert out[1][1].startswith("host 0's ring (ranks 0, 1 = world ranks 0, 1): rank 1: ")
+    assert out[1][1].startswith("the ring of host 'a' (ranks 0, 1 = world ranks 0, 1): rank 1: ")
 
 
 @pytest.mark.parametrize(("transport", "topology", "world_size"),
