@@ -164,6 +164,7 @@ def test_no_pickle_eval_tensorflow_or_spark_in_the_package() -> None:
                 assert root in (
                     "__future__",
                     "abc",
+                    "bisect",
                     "copy",
                     "enum",
                     "math",
