@@ -335,10 +335,11 @@ def connect_hierarchical(
     shared = _SharedRound(exchange, timeout_s)
     local: list[Communicator] = []
     failed: list[BaseException] = []
+    host_ring_errors = RingErrors(mine, hosts[rank])
 
     def connect_host_ring() -> None:
         try:
-            with RingErrors(mine, hosts[rank]):
+            with host_ring_errors:
                 local.append(connect(mine.index(rank), len(mine), shared.host_ring(mine)))
         except BaseException as exc:  # raised on the caller's thread
             failed.append(exc)
@@ -360,8 +361,8 @@ def connect_hierarchical(
         finally:
             helper.join(timeout_s + 1.0)  # the round is over: what is left is its connecting
         if helper.is_alive():
-            name = RingErrors(mine, hosts[rank]).name
-            raise CommunicationError(f"{name} did not connect in {timeout_s:g} s")
+            raise CommunicationError(
+                f"{host_ring_errors.name} did not connect in {timeout_s:g} s")
         if failed:
             raise failed[0]
     except BaseException:
@@ -415,8 +416,6 @@ class _SharedRound:
                 raise RoundError(f"the host's ring gave no address in {self._timeout_s:g} s")
             try:
                 values = self._exchange(json.dumps(self._values))
-            except RoundError:
-                raise
             except CommunicationError as exc:
                 raise RoundError(str(exc)) from exc
             self._pairs = [_pair(rank, value) for rank, value in enumerate(values)]

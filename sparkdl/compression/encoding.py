@@ -200,7 +200,7 @@ def _check_finite_values(values: np.ndarray, index: np.ndarray) -> None:
 
 def _check_finite_from(r: np.ndarray | Pieces, start: int, buffer: np.ndarray) -> None:
     """Raise :class:`NonFiniteError` if an element of ``r`` from ``start`` (a chunk boundary)
-    on is not finite; ``buffer``: int32 scratch of a chunk's length."""
+    on is not finite; ``buffer``: int32 scratch of a chunk's length (the sweep's own)."""
     for begin, chunk, _ in _chunks(r):
         if begin < start:
             continue
@@ -291,8 +291,8 @@ def threshold_encode(
                 # Switch: flush the earlier chunks' candidates into a new bitmap; this chunk
                 # and the rest are encoded densely (checked first: the rest is written as
                 # the sweep goes).
-                if check_finite:
-                    _check_finite_from(r, start, np.empty(width, np.int32))
+                if check_finite:  # the chunk's magnitudes are spent: their buffer serves
+                    _check_finite_from(r, start, abs_buf)
                 bitmap = np.zeros(bm_nbytes, np.uint8)
                 code_buf = np.empty(4 * bitmap_nbytes(width), np.uint8)
                 if found:

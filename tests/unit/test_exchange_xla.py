@@ -20,16 +20,21 @@ from sparkdl.training.masters import (
     SharedTrainingMaster,
 )
 
+
+def _sharing() -> SharedTrainingMaster:
+    return SharedTrainingMaster(batch_size_per_worker=4, num_workers=2,
+                                threshold=FixedThreshold(1e-3))
+
+
 MODES = {
     "dense": lambda: DenseTrainingMaster(batch_size_per_worker=4, num_workers=2),
     "averaging": lambda: ParameterAveragingTrainingMaster(
         batch_size_per_worker=4, num_workers=2, averaging_frequency=2),
     # the fused path, the residual held in the optimizer's variables
-    "sharing": lambda: SharedTrainingMaster(batch_size_per_worker=4, num_workers=2,
-                                            threshold=FixedThreshold(1e-3)),
-    # the fallback (AdamW reads the weights: the update is taken back out of them)
-    "sharing-fallback": lambda: SharedTrainingMaster(batch_size_per_worker=4, num_workers=2,
-                                                     threshold=FixedThreshold(1e-3)),
+    "sharing": _sharing,
+    # the same master; the model's AdamW reads the weights, so the update is taken back out
+    # of them (the fallback)
+    "sharing-fallback": _sharing,
 }
 
 
