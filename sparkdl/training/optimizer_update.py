@@ -187,13 +187,18 @@ class UpdateMemory(PiecewiseMemory):
         self.updates = updates
         self._views = HostViews(updates.variables)
         self._pieces: Pieces | None = None
+        # the last views handed out, and their Pieces (reused while the views are the same)
+        self._known: tuple[list[np.ndarray], Pieces] | None = None
         self._reads: list[Any] | None = None
 
     def hold(self, reads: Sequence[Any]) -> None:
         """Take ``reads``: aliasing reads of the variables (numpy or tensors) since their last
         write, whose buffers :meth:`pieces` hands out until :meth:`release`."""
         self._reads = list(reads)  # they keep the buffers alive while we write through views
-        self._pieces = Pieces(self._views.views(self._reads))
+        views = self._views.views(self._reads)
+        if self._known is None or any(a is not b for a, b in zip(views, self._known[0])):
+            self._known = (views, Pieces(views))  # the buffers moved (or the first hold)
+        self._pieces = self._known[1]
 
     def release(self) -> None:
         """Drop the held reads (before TensorFlow writes the variables again: a buffer

@@ -241,14 +241,15 @@ class GradientSharingExchange(UpdateExchange):
         # the device encoder takes the flat tensor; the host encoder the pieces, as read-only
         # numpy views of the tensors (no copy, no concatenation)
         loss, update, finite, *reads = self._update_fn(x, y, self._on_device)
-        # W is not written by TensorFlow until apply: its reads stay aliases of its buffers
+        if self._memory is not None:
+            # the update is in U, the residual, encoded in place; its finiteness is checked
+            # by the encode sweep (the graph's flag is a constant: not read back)
+            self._reads = reads[0]  # W is not written by TensorFlow until apply: aliases
+            self._memory.hold(update)
+            return loss, None, True
         self._reads = reads[0] if reads and reads[0] and bool(finite) else None
         if not self._on_device:
             update = [np.asarray(piece) for piece in update]
-        if self._memory is not None:  # the update is in U, the residual: encoded in place
-            if bool(finite):
-                self._memory.hold(update)
-            update = None
         return loss, update, finite
 
     def discard_update(self, update: Any) -> None:
