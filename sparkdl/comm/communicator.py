@@ -142,6 +142,9 @@ class Communicator(abc.ABC):
     #: The layout of the links: ``"flat"`` (every rank on one ring, or through one exchange)
     #: or ``"hierarchical"`` (a ring per host, then the hosts' leaders').
     topology = "flat"
+    #: What this communicator's log lines call it, before its rank (a two-level topology
+    #: names each ring and the world ranks of its ranks); None: the rank alone.
+    name: str | None = None
 
     @abc.abstractmethod
     def allgather(self, message: bytes | memoryview) -> list[bytes]:

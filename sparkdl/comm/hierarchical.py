@@ -177,6 +177,9 @@ class HierarchicalCommunicator(Communicator):
         self._on_host = RingErrors(self.groups[self.host],
                                    self.host if host_names is None else host_names[self.host])
         self._on_leaders = RingErrors([g[0] for g in self.groups])
+        local.name = self._on_host.name  # and the rings' own log lines too
+        if leaders is not None:
+            leaders.name = self._on_leaders.name
         # a leader's host sums, one kept buffer per vector shape reduced (e.g. the gradient,
         # and at an epoch's end the non-trainable statistics)
         self._buffers: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}

@@ -670,7 +670,7 @@ class TcpRingCommunicator(Communicator):
         text = f"rank {self.rank}: {message}"
         self._broken = text
         self._close_sockets()  # so that the neighbours fail promptly too
-        log.error("%s", text)
+        log.error("%s%s", f"{self.name}: " if self.name else "", text)
         return CommunicationError(text)
 
     def _close_sockets(self) -> None:

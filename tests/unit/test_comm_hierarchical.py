@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -164,16 +165,21 @@ def test_a_malformed_round_value_is_named():
 
 
 def _one_rank_leaves(rank, world, exchange):
+    """(outcome, the error, the ring's error log lines)"""
+    logged: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("sparkdl.comm").addHandler(handler)
     comm = connect_hierarchical(rank, world, exchange, _ring, hosts=HOSTS, timeout_s=5)
     try:
         comm.allgather(b"first")
         if rank == 3:
-            return "left", ""
+            return "left", "", logged
         try:
             comm.allgather(b"second")
         except CommunicationError as exc:
-            return "failed", str(exc)
-        return "gathered", ""
+            return "failed", str(exc), logged
+        return "gathered", "", logged
     finally:
         comm.close()
 
@@ -187,6 +193,9 @@ def test_a_collective_that_fails_names_the_world_ranks_of_the_failed_ring():
     assert out[2][1].startswith("the ring of host 'b' (ranks 0, 1 = world ranks 2, 3): rank 0: ")
     assert out[0][1].startswith("the leaders' ring (ranks 0, 1 = world ranks 0, 2): rank 0: ")
     assert out[1][1].startswith("the ring of host 'a' (ranks 0, 1 = world ranks 0, 1): rank 1: ")
+    # the rings' own log lines (executor logs) say the same: the error, as raised
+    for rank in range(3):
+        assert out[rank][1] in out[rank][2], out[rank]
 
 
 @pytest.mark.parametrize(("transport", "topology", "world_size"),
