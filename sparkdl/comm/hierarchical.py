@@ -67,22 +67,23 @@ def pack_bundle(messages: Sequence[bytes | memoryview]) -> bytes:
     return b"".join([_COUNT.pack(len(messages)), lengths.tobytes(), *map(bytes, messages)])
 
 
-def unpack_bundle(data: bytes | memoryview, expected: int) -> list[bytes]:
-    """The messages of :func:`pack_bundle` output; raises :class:`CommunicationError` when it
-    does not hold exactly ``expected`` messages that fill it."""
+def unpack_bundle(data: bytes | memoryview, expected: int, what: str = "bundle"
+                  ) -> list[bytes]:
+    """The messages of :func:`pack_bundle` output; raises :class:`CommunicationError`, naming
+    the bundle as ``what``, when it does not hold exactly ``expected`` messages that fill it."""
     data = memoryview(data).cast("B")
     if len(data) < _COUNT.size:
-        raise CommunicationError(f"bundle of {len(data)} bytes has no header")
+        raise CommunicationError(f"{what} of {len(data)} bytes has no header")
     (count,) = _COUNT.unpack_from(data)
     head = _COUNT.size + 8 * count
     if count != expected or len(data) < head:
         raise CommunicationError(
-            f"bundle holds {count} messages in {len(data)} bytes, expected {expected}"
+            f"{what} holds {count} messages in {len(data)} bytes, expected {expected}"
         )
     lengths = np.frombuffer(data[_COUNT.size : head], dtype="<u8")
     if int(lengths.sum()) != len(data) - head:
         raise CommunicationError(
-            f"bundle lengths add up to {int(lengths.sum())} bytes, {len(data) - head} present"
+            f"{what}'s lengths add up to {int(lengths.sum())} bytes, {len(data) - head} present"
         )
     out, at = [], head
     for length in lengths.tolist():
@@ -173,9 +174,18 @@ class HierarchicalCommunicator(Communicator):
         if self.is_leader and leaders is None and len(self.groups) > 1:
             raise ConfigurationError(f"rank {rank} leads host {self.host} but has no leaders' ring")
         self.timeout_s = float(getattr(local, "timeout_s", 120.0))
+        #: Each group's host, as errors name it (its number without ``host_names``).
+        self.host_names: list[int | str] = (list(range(len(self.groups))) if host_names is None
+                                            else list(host_names))
         # errors of either ring name the world ranks of its ranks
-        self._on_host = RingErrors(self.groups[self.host],
-                                   self.host if host_names is None else host_names[self.host])
+        self._on_host = RingErrors(self.groups[self.host], self.host_names[self.host])
+        # what a malformed bundle's error calls it: each host's, then the other hosts' one
+        # that this host's leader passes on
+        self._bundle_names = [
+            *(f"the bundle of host {name!r} (world ranks {', '.join(map(str, group))})"
+              for name, group in zip(self.host_names, self.groups)),
+            f"the other hosts' bundle from the leader of host {self.host_names[self.host]!r} "
+            f"(world rank {self.groups[self.host][0]})"]
         self._on_leaders = RingErrors([g[0] for g in self.groups])
         local.name = self._on_host.name  # and the rings' own log lines too
         if leaders is not None:
@@ -223,12 +233,12 @@ class HierarchicalCommunicator(Communicator):
         if self._several_hosts:
             with self._on_host:
                 others = self.local.broadcast(others if self.is_leader else None, root=0)
-        remote = unpack_bundle(others, len(self.groups) - 1) if self._several_hosts else []
+        remote = (unpack_bundle(others, len(self.groups) - 1, self._bundle_names[-1])
+                  if self._several_hosts else [])
         out: list[bytes] = [b""] * self.world_size
         for h, group in enumerate(self.groups):
             messages = mine if h == self.host else unpack_bundle(
-                remote[h if h < self.host else h - 1], len(group)
-            )
+                remote[h if h < self.host else h - 1], len(group), self._bundle_names[h])
             for rank, m in zip(group, messages):
                 out[rank] = m
         return out

@@ -198,6 +198,32 @@ def test_a_collective_that_fails_names_the_world_ranks_of_the_failed_ring():
         assert out[rank][1] in out[rank][2], out[rank]
 
 
+def _host_b_sends_a_short_bundle(rank, world, exchange):
+    """(outcome, the error): host 'b''s leader (world rank 2) cuts a byte off its bundle."""
+    comm = connect_hierarchical(rank, world, exchange, _ring, hosts=HOSTS, timeout_s=5)
+    try:
+        if rank == 2:
+            gather = comm.leaders.allgather
+            comm.leaders.allgather = lambda message: gather(bytes(message)[:-1])
+        try:
+            comm.allgather(b"message of rank %d" % rank)
+        except CommunicationError as exc:
+            return "failed", str(exc)
+        return "gathered", ""
+    finally:
+        comm.close()
+
+
+def test_a_malformed_bundle_names_its_host_and_world_ranks():
+    """Host 'a''s ranks cannot read host 'b''s bundle: their error names that host and its
+    world ranks; host 'b' itself never reads its own bundle."""
+    out = values(run_ranks(_host_b_sends_a_short_bundle, 4, timeout=60))
+    assert [o[0] for o in out] == ["failed", "failed", "gathered", "gathered"], out
+    for _, error in out[:2]:
+        assert error.startswith("the bundle of host 'b' (world ranks 2, 3)'s lengths add up "
+                                "to "), error
+
+
 @pytest.mark.parametrize(("transport", "topology", "world_size"),
                          [("tcp", "auto", 2), ("tcp", "flat", 2), ("tcp", "hierarchical", 1),
                           ("spark", "flat", 2)])
