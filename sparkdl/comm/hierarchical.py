@@ -179,13 +179,14 @@ class HierarchicalCommunicator(Communicator):
                                             else list(host_names))
         # errors of either ring name the world ranks of its ranks
         self._on_host = RingErrors(self.groups[self.host], self.host_names[self.host])
-        # what a malformed bundle's error calls it: each host's, then the other hosts' one
-        # that this host's leader passes on
+        # what a malformed bundle's error calls it: each host's own, and the other hosts'
+        # bundles that this host's leader passes on
         self._bundle_names = [
-            *(f"the bundle of host {name!r} (world ranks {', '.join(map(str, group))})"
-              for name, group in zip(self.host_names, self.groups)),
+            f"the bundle of host {name!r} (world ranks {', '.join(map(str, group))})"
+            for name, group in zip(self.host_names, self.groups)]
+        self._others_bundle_name = (
             f"the other hosts' bundle from the leader of host {self.host_names[self.host]!r} "
-            f"(world rank {self.groups[self.host][0]})"]
+            f"(world rank {self.groups[self.host][0]})")
         self._on_leaders = RingErrors([g[0] for g in self.groups])
         local.name = self._on_host.name  # and the rings' own log lines too
         if leaders is not None:
@@ -233,7 +234,7 @@ class HierarchicalCommunicator(Communicator):
         if self._several_hosts:
             with self._on_host:
                 others = self.local.broadcast(others if self.is_leader else None, root=0)
-        remote = (unpack_bundle(others, len(self.groups) - 1, self._bundle_names[-1])
+        remote = (unpack_bundle(others, len(self.groups) - 1, self._others_bundle_name)
                   if self._several_hosts else [])
         out: list[bytes] = [b""] * self.world_size
         for h, group in enumerate(self.groups):
