@@ -395,6 +395,14 @@ def _measure_codec() -> dict[str, float]:
 
 
 CPU_TARGETS = {"sharing": 1.15, "dense": 1.10, "averaging": 1.05}
+#: Floors of the sharing step, each measured in the step's own setting (the plain train
+#: step, then a host pass over a float32 vector of the model's size): one read, the design's
+#: reference for encoding, below which no exchange that keeps a residual of the update's
+#: size and reads it once per step can go; and the threshold encoder's own sweep
+#: (``threshold_encode`` with the finiteness check, nothing reaching tau), which sharing
+#: adds tau's selection, the candidates, the frame, decoding and applying to.
+ONE_PASS = "plain + one pass"
+SWEEP = "plain + threshold sweep"
 
 
 def run_cpu_only(options: dict[str, Any]) -> dict[str, Any]:
@@ -405,7 +413,7 @@ def run_cpu_only(options: dict[str, Any]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for name in ("scaling", "lenet"):
         seconds, ratios = measure_exchange_cpu(("compute", *MODES), repeats=repeats,
-                                               model=name)
+                                               model=name, floor=True)
         figures[name] = {"exchange_cpu_s": seconds, "ratio_to_plain_step": ratios}
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    targets=CPU_TARGETS)
@@ -417,8 +425,8 @@ def _load(load: tuple[float, ...]) -> str:
     return " ".join(f"{v:.2f}" for v in load)
 
 
-def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str = "scaling"
-                         ) -> tuple[dict[str, float], dict[str, float]]:
+def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str = "scaling",
+                         floor: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per step of each mode's exchange in this process with a one-rank communicator
     (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated;
     also each mode's paired ratio to ``compute`` (the plain train step), when measured.
@@ -426,11 +434,15 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     parameters and optimizer state read in place, copied into the result and written back),
     which one rank alone would skip.
     ``model``: ``scaling`` (256 -> Dense 4096 -> 10, batch 32) or ``lenet`` (28x28x1, batch
-    32)."""
+    32). ``floor`` (with ``compute`` among the modes): also :data:`ONE_PASS` and
+    :data:`SWEEP`, the plain step followed by a host pass over a vector of the model's size,
+    alternated with the rest."""
     import secrets
 
     from sparkdl.benchmarks.report import alternate_samples
     from sparkdl.comm import create_communicator
+    from sparkdl.compression.encoding import threshold_encode
+    from sparkdl.compression.threshold import MAX_TAU
     from sparkdl.training.averaging import ParameterAveragingExchange
     from sparkdl.training.worker import configure_tensorflow
 
@@ -453,6 +465,12 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     if isinstance(averaging, ParameterAveragingExchange):
         candidates["averaging round"] = lambda: averaging.replace_by(
             averaging.mean_over_ranks)
+    plain = exchanges.get("compute")
+    if floor and plain is not None:
+        vector = rng.normal(0.0, 1.0, plain.trainable.size).astype(np.float32)
+        candidates[ONE_PASS] = lambda: (plain.step(x, y, next(counter)), vector.sum())
+        candidates[SWEEP] = lambda: (plain.step(x, y, next(counter)),  # leaves it as it is
+                                     threshold_encode(vector, MAX_TAU, check_finite=True))
     try:
         for exchange in exchanges.values():
             exchange.metrics.build(x, y)

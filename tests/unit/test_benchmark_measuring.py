@@ -39,3 +39,16 @@ def test_paired_ratio_compares_timings_of_the_same_round():
 def test_paired_ratio_needs_matching_rounds(reference, candidate):
     with pytest.raises(ValueError, match="same non-zero number of rounds"):
         paired_ratio(reference, candidate)
+
+
+def test_the_in_process_measurement_sets_the_sharing_steps_floors_beside_the_modes(capsys):
+    from sparkdl.benchmarks.scaling import ONE_PASS, SWEEP, measure_exchange_cpu
+
+    seconds, ratios = measure_exchange_cpu(("compute", "dense"), repeats=2, floor=True)
+    assert set(seconds) == {"compute", "dense", ONE_PASS, SWEEP}
+    assert all(s > 0 for s in seconds.values())
+    assert ratios["compute"] == 1.0 and ratios[ONE_PASS] > 0 and ratios[SWEEP] > 0
+    printed = capsys.readouterr().out
+    assert ONE_PASS in printed and SWEEP in printed  # rows of the printed table
+    seconds, _ = measure_exchange_cpu(("dense",), repeats=1, floor=True)  # no plain step
+    assert set(seconds) == {"dense"}
