@@ -396,11 +396,11 @@ def _measure_codec() -> dict[str, float]:
 
 CPU_TARGETS = {"sharing": 1.15, "dense": 1.10, "averaging": 1.05}
 #: Floors of the sharing step, each measured in the step's own setting (the plain train
-#: step, then a host pass over a float32 vector of the model's size): one read, the design's
-#: reference for encoding, below which no exchange that keeps a residual of the update's
-#: size and reads it once per step can go; and the threshold encoder's own sweep
-#: (``threshold_encode`` with the finiteness check, nothing reaching tau), which sharing
-#: adds tau's selection, the candidates, the frame, decoding and applying to.
+#: step, then a host pass over a float32 vector of the model's size). ``ONE_PASS``: one
+#: read, the design's reference for encoding; no exchange that keeps a residual of the
+#: update's size and reads it once per step costs less. ``SWEEP``: the threshold encoder's
+#: own pass (``threshold_encode`` with the finiteness check, nothing reaching tau), to which
+#: sharing adds tau's selection, the candidates, the frame, decoding and applying.
 ONE_PASS = "plain + one pass"
 SWEEP = "plain + threshold sweep"
 
@@ -469,7 +469,8 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     if floor and plain is not None:
         vector = rng.normal(0.0, 1.0, plain.trainable.size).astype(np.float32)
         candidates[ONE_PASS] = lambda: (plain.step(x, y, next(counter)), vector.sum())
-        candidates[SWEEP] = lambda: (plain.step(x, y, next(counter)),  # leaves it as it is
+        # nothing reaches MAX_TAU: the sweep reads the vector and leaves it as it is
+        candidates[SWEEP] = lambda: (plain.step(x, y, next(counter)),
                                      threshold_encode(vector, MAX_TAU, check_finite=True))
     try:
         for exchange in exchanges.values():

@@ -52,3 +52,15 @@ def test_the_in_process_measurement_sets_the_sharing_steps_floors_beside_the_mod
     assert ONE_PASS in printed and SWEEP in printed  # rows of the printed table
     seconds, _ = measure_exchange_cpu(("dense",), repeats=1, floor=True)  # no plain step
     assert set(seconds) == {"dense"}
+
+
+def test_the_sweep_floor_reads_its_vector_and_leaves_it_as_it_is():
+    import numpy as np
+
+    from sparkdl.compression.encoding import threshold_encode
+    from sparkdl.compression.threshold import MAX_TAU
+
+    vector = np.random.default_rng(1).normal(0.0, 1.0, 300_000).astype(np.float32)
+    before = vector.copy()
+    assert threshold_encode(vector, MAX_TAU, check_finite=True).nnz == 0
+    np.testing.assert_array_equal(vector, before)  # every round sweeps the same vector
