@@ -223,7 +223,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         uri = None
         probes: dict[int, list[dict[str, Any]]] = {}
         ring_probes: dict[int, dict[str, list[dict[str, Any]]]] = {}
-        schedule = rate_schedule(rates, repeats)
+        passes = pass_schedules(rates, repeats)
         for wph in per_host:
             with _session(cluster, wph) as spark:
                 uri = uri or _write_data(spark, workdir)
@@ -239,32 +239,36 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 before, ratios = measure_exchange_cpu(("compute", "lockstep", *modes))
                 if not cpu:
                     cpu, cpu_ratios = before, ratios
+                # more workers than the machine's cores: ranks take turns on them, and the
+                # straggler term comes from a fit whose ranks meet every step
+                oversubscribed[wph] = cpu_share(wph * HOSTS) > 1.0
                 measured = _fit(spark, cluster, uri, "compute", wph, [None] * COMPUTE_EPOCHS,
                                 timeline=f"file://{workdir}/timeline-compute-{wph}")
-                compute[wph] = measured["step_s"]
                 steps_of_ranks[wph] = rank_step_seconds(measured["timeline"])
                 if wph > len(cluster.hosts[0].cpus or os.sched_getaffinity(0)):
                     # a host's ranks take turns on its cores: the hosts wait for each other
                     steps_of_ranks[wph] = host_step_seconds(steps_of_ranks[wph],
                                                             measured["hosts"])
-                # more workers than the machine's cores: ranks take turns on them, and the
-                # straggler term comes from a fit whose ranks meet every step
-                oversubscribed[wph] = cpu_share(wph * HOSTS) > 1.0
+                compute[wph] = measured["step_s"][1:]
                 if oversubscribed[wph]:
                     lockstep[wph] = _fit(spark, cluster, uri, "lockstep", wph,
-                                         [None] * COMPUTE_EPOCHS)["step_s"]
-                print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
-                      f"{statistics.median(compute[wph][1:]) * 1e3:.1f} ms" + (
-                          f", in lockstep {statistics.median(lockstep[wph][1:]) * 1e3:.1f} ms"
-                          if wph in lockstep else ""), file=sys.stderr, flush=True)
-                for index in range(len(modes)):
-                    mode = modes[(index + wph - 1) % len(modes)]  # rotate the order
-                    measured = _fit(spark, cluster, uri, mode, wph, schedule)
-                    for epoch, rate in enumerate(schedule[1:], start=1):
-                        cell = cells.setdefault(f"{mode}/{_rate_name(rate)}/{wph}",
-                                                Cell(rate, wph, mode))
-                        _record(cell, measured, epoch)
-                    _progress(cells, mode, wph, rates, started)
+                                         [None] * COMPUTE_EPOCHS)["step_s"][1:]
+                _print_references(compute, lockstep, wph, started)
+                for order, schedule in zip(block_orders(modes, wph, len(passes)), passes):
+                    for mode in order:
+                        measured = _fit(spark, cluster, uri, mode, wph, schedule)
+                        for epoch, rate in enumerate(schedule[1:], start=1):
+                            cell = cells.setdefault(f"{mode}/{_rate_name(rate)}/{wph}",
+                                                    Cell(rate, wph, mode))
+                            _record(cell, measured, epoch)
+                        _progress(cells, mode, wph, rates, started)
+                if len(passes) > 1:  # the references again, in mirror order: see block_orders
+                    if oversubscribed[wph]:
+                        lockstep[wph] += _fit(spark, cluster, uri, "lockstep", wph,
+                                              [None] * COMPUTE_EPOCHS)["step_s"][1:]
+                    compute[wph] += _fit(spark, cluster, uri, "compute", wph,
+                                         [None] * COMPUTE_EPOCHS)["step_s"][1:]
+                    _print_references(compute, lockstep, wph, started)
                 after, _ = measure_exchange_cpu(("compute", "lockstep", *modes))
                 cpu_by_wph[wph] = {m: (before[m] + after[m]) / 2 for m in before}
             cluster.set_rate(None)
@@ -274,8 +278,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         else:
             with contextlib.suppress(Exception):
                 cluster.set_rate(original_rate)  # as it was before the benchmark
-    compute_s = {wph: statistics.median(v[1:]) for wph, v in compute.items()}
-    lockstep_s = {wph: statistics.median(v[1:]) for wph, v in lockstep.items()}
+    compute_s = {wph: statistics.median(v) for wph, v in compute.items()}
+    lockstep_s = {wph: statistics.median(v) for wph, v in lockstep.items()}
     hop_s = {wph: fixed_hop_seconds(p) for wph, p in probes.items()}
     # what meeting every step costs beyond the CPU work and the hops, with nothing to send
     sync_s = {wph: lockstep_seconds(lockstep_s[wph], compute_s[wph],
@@ -307,7 +311,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                     hop_s=hop_s[wph] + max(0.0, link["latency_s"] - unlimited["latency_s"]),
                     ring_byte_s=byte_s[wph], jitter_s=jitter,
                     bucket_bytes=bucket_bytes(cell.rate))
-    figures = _figures(cells, compute_s, codec, links, repeats, schedule)
+    figures = _figures(cells, compute_s, codec, links, repeats, passes)
     figures["load_average_by_cell"] = {c.key: c.load for c in cells.values() if c.load}
     figures["exchange_cpu_s"] = cpu
     figures["exchange_cpu_ratio"] = cpu_ratios
@@ -613,13 +617,27 @@ def _master(mode: str, num_workers: int) -> Any:
     return DenseTrainingMaster(**common)
 
 
-def rate_schedule(rates: tuple[str | None, ...], repeats: int) -> list[str | None]:
-    """The link rate of each epoch of a fit: a warm-up epoch (it traces the step functions;
-    not measured), then ``repeats`` passes over the rates in alternating order."""
-    order: list[str | None] = []
+def pass_schedules(rates: tuple[str | None, ...], repeats: int) -> list[list[str | None]]:
+    """Per repeat (a pass: one fit of each mode), the link rate of each epoch of its fits: a
+    warm-up epoch at the pass's first rate (it traces the step functions; not measured),
+    then the rates, in reverse order on every other pass."""
+    passes = []
     for repeat in range(repeats):
-        order += list(rates) if repeat % 2 == 0 else list(reversed(rates))
-    return [order[0], *order]
+        order = list(rates) if repeat % 2 == 0 else list(reversed(rates))
+        passes.append([order[0], *order])
+    return passes
+
+
+def block_orders(modes: tuple[str, ...], workers_per_host: int, passes: int
+                 ) -> list[tuple[str, ...]]:
+    """The order of the modes' fits in each pass of a workers-per-host block: rotated by the
+    block, and reversed on every other pass. The block runs as a palindrome (the references,
+    the passes, the references again: ``C A B D D B A C``), so that while the load drifts
+    through a block, every figure of it is measured at the same mean time and a cell's
+    drift does not end up in the model's error."""
+    start = (workers_per_host - 1) % len(modes)
+    rotated = modes[start:] + modes[:start]
+    return [rotated if index % 2 == 0 else rotated[::-1] for index in range(passes)]
 
 
 def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
@@ -655,6 +673,14 @@ def _fit(spark: Any, cluster: Any, uri: str, mode: str, workers_per_host: int,
         "timeline": list(fit.metrics.get("timeline") or []),
         "loss": list(fit.history.get("loss") or []),
     }
+
+
+def _print_references(compute: dict[int, list[float]], lockstep: dict[int, list[float]],
+                      wph: int, started: float) -> None:
+    print(f"[{time.time() - started:6.0f} s] compute only {wph}x{HOSTS}: step "
+          f"{statistics.median(compute[wph]) * 1e3:.1f} ms" + (
+              f", in lockstep {statistics.median(lockstep[wph]) * 1e3:.1f} ms"
+              if wph in lockstep else ""), file=sys.stderr, flush=True)
 
 
 def _progress(cells: dict[str, Cell], mode: str, wph: int, rates: tuple[str | None, ...],
@@ -954,7 +980,7 @@ def predict(cell: Cell, compute_s: float, codec: dict[str, float],
 
 def _figures(cells: dict[str, Cell], compute_s: dict[int, float], codec: dict[str, float],
              links: dict[str, dict[str, float]], repeats: int,
-             schedule: list[str | None]) -> dict[str, Any]:
+             passes: list[list[str | None]]) -> dict[str, Any]:
     def measured(mode: str, rate: str, wph: int = 1) -> float | None:
         cell = cells.get(f"{mode}/{rate}/{wph}")
         return cell.measured_s if cell else None
@@ -980,7 +1006,7 @@ def _figures(cells: dict[str, Cell], compute_s: dict[int, float], codec: dict[st
                                 if sharing_bytes else None),
         "num_parameters": codec["parameters"],
         "repeats": repeats,
-        "epoch_rates": [_rate_name(r) for r in schedule],
+        "epoch_rates_per_pass": [[_rate_name(r) for r in schedule] for schedule in passes],
         "batch_size_per_worker": BATCH,
         "hosts": HOSTS,
         "compute_only_step_s": {f"{w}x{HOSTS}": s for w, s in compute_s.items()},

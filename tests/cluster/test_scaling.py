@@ -14,13 +14,14 @@ import pytest
 
 from sparkdl.benchmarks.scaling import (
     Cell,
+    block_orders,
     bruck_link_bytes,
     bucket_bytes,
     cpu_share,
     host_step_seconds,
     lockstep_seconds,
+    pass_schedules,
     predict,
-    rate_schedule,
     ring_crossings,
     ring_goodput,
     shm_between_hosts,
@@ -88,10 +89,18 @@ def test_shm_between_hosts_looks_only_at_links_that_leave_a_host():
     assert shm_between_hosts(across)
 
 
-def test_rate_schedule_warms_up_then_alternates():
-    assert rate_schedule(("100mbit", "1gbit", None), 2) == [
-        "100mbit", "100mbit", "1gbit", None, None, "1gbit", "100mbit"]
-    assert rate_schedule(("100mbit",), 1) == ["100mbit", "100mbit"]
+def test_each_pass_warms_up_then_runs_the_rates_in_alternating_order():
+    assert pass_schedules(("100mbit", "1gbit", None), 2) == [
+        ["100mbit", "100mbit", "1gbit", None], [None, None, "1gbit", "100mbit"]]
+    assert pass_schedules(("100mbit",), 1) == [["100mbit", "100mbit"]]
+
+
+def test_a_blocks_fits_run_as_a_palindrome_rotated_by_the_block():
+    modes = ("a", "b", "c", "d")
+    assert block_orders(modes, 1, 2) == [("a", "b", "c", "d"), ("d", "c", "b", "a")]
+    assert block_orders(modes, 2, 3) == [("b", "c", "d", "a"), ("a", "d", "c", "b"),
+                                         ("b", "c", "d", "a")]
+    assert block_orders(modes, 1, 1) == [modes]
 
 
 def test_predict_adds_wire_time_of_the_busiest_host_link():
