@@ -631,9 +631,9 @@ def pass_schedules(rates: tuple[str | None, ...], repeats: int) -> list[list[str
 def block_orders(modes: tuple[str, ...], workers_per_host: int, passes: int
                  ) -> list[tuple[str, ...]]:
     """The order of the modes' fits in each pass of a workers-per-host block: rotated by the
-    block, and reversed on every other pass. The block runs as a palindrome (the references,
-    the passes, the references again: ``C A B D D B A C``), so that while the load drifts
-    through a block, every figure of it is measured at the same mean time and a cell's
+    block, and reversed on every other pass. With the references before the passes and again
+    after them, two repeats make the block a palindrome (``C A B D D B A C``): while the load
+    drifts through a block, every figure of it is measured at the same mean time, and the
     drift does not end up in the model's error."""
     start = (workers_per_host - 1) % len(modes)
     rotated = modes[start:] + modes[:start]
