@@ -30,7 +30,9 @@ Performance model (all parameters measured in the same run, none fitted to the c
 * ``C(w)``: compute-only step time with ``w`` workers per host, measured on the cluster by a
   fit of the same model with communication off (parameter averaging that never averages
   inside the measured epochs): forward, backward, optimizer, input pipeline, loop overhead,
-  and the CPU sharing of the workers on the machine's cores.
+  and the CPU sharing of the workers on the machine's cores. With repeats, that fit runs at
+  both ends of its workers-per-host block (:func:`block_orders`), and ``C(w)`` is the median
+  over both.
 * ``T_m - T_0``: the CPU work mode ``m``'s exchange adds per step to the plain train step,
   measured in this process with a one-rank communicator (no communication, one TensorFlow
   thread, alternated), once before and once after each workers-per-host block of cells, so
