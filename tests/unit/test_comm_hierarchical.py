@@ -198,7 +198,7 @@ def test_a_collective_that_fails_names_the_world_ranks_of_the_failed_ring():
         assert out[rank][1] in out[rank][2], out[rank]
 
 
-def _host_b_sends_a_short_bundle(rank, world, exchange, passed_on=False):
+def _a_leader_cuts_a_bundle_short(rank, world, exchange, passed_on=False):
     """(outcome, the error): host 'b''s leader (world rank 2) cuts a byte off its bundle, or
     (``passed_on``) host 'a''s leader (world rank 0) off the bundle it passes on to its host."""
     comm = connect_hierarchical(rank, world, exchange, _ring, hosts=HOSTS, timeout_s=5)
@@ -221,7 +221,7 @@ def _host_b_sends_a_short_bundle(rank, world, exchange, passed_on=False):
 def test_a_malformed_bundle_names_its_host_and_world_ranks():
     """Host 'a''s ranks cannot read host 'b''s bundle: their error names that host and its
     world ranks; host 'b' itself never reads its own bundle."""
-    out = values(run_ranks(_host_b_sends_a_short_bundle, 4, timeout=60))
+    out = values(run_ranks(_a_leader_cuts_a_bundle_short, 4, timeout=60))
     assert [o[0] for o in out] == ["failed", "failed", "gathered", "gathered"], out
     for _, error in out[:2]:
         assert error.startswith("the bundle of host 'b' (world ranks 2, 3)'s lengths add up "
@@ -232,7 +232,7 @@ def test_a_malformed_bundle_passed_on_names_the_leader_that_passed_it():
     """Host 'a''s leader passes a short bundle of the other hosts' messages on to its host
     (and reads it back, as its host does): both of host 'a''s errors name that leader; host
     'b' is unaffected."""
-    out = values(run_ranks(_host_b_sends_a_short_bundle, 4, args=(True,), timeout=60))
+    out = values(run_ranks(_a_leader_cuts_a_bundle_short, 4, args=(True,), timeout=60))
     assert [o[0] for o in out] == ["failed", "failed", "gathered", "gathered"], out
     for _, error in out[:2]:
         assert error.startswith("the other hosts' bundle from the leader of host 'a' (world "
