@@ -67,6 +67,9 @@ def test_quick_scaling_benchmark_reports_every_cell(tmp_path):
         assert cell["predicted_step_s"] > 0, name
         assert cell["bytes_per_step"] > 0, name
         assert set(cell["terms"]) >= {"compute_s", "wire_s", "latency_s"}, name
+        # a load for each fit that measured the cell, the highest reported
+        assert len(cell["load1_per_fit"]) == len(cell["measured_step_s_repeats"]), name
+        assert cell["load1"] == max(cell["load1_per_fit"]), name
     assert figures["sharing_compression"] > 1
     assert figures["model_error_max"] is not None
     # the 100 Mbit/s link's goodput under the ring's traffic: measured, and below the rate
@@ -101,6 +104,13 @@ def test_a_blocks_fits_run_as_a_palindrome_rotated_by_the_block():
     assert block_orders(modes, 2, 3) == [("b", "c", "d", "a"), ("a", "d", "c", "b"),
                                          ("b", "c", "d", "a")]
     assert block_orders(modes, 1, 1) == [modes]
+
+
+def test_a_cells_load_is_the_highest_after_any_of_its_fits():
+    cell = Cell("100mbit", 1, "sharing")
+    assert cell.load is None
+    cell.loads += [0.4, 1.7, 0.9]  # the palindrome's fits: the busiest one speaks for it
+    assert cell.load == 1.7
 
 
 def test_predict_adds_wire_time_of_the_busiest_host_link():
