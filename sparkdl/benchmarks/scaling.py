@@ -442,9 +442,10 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     """Seconds per step of each mode's exchange in this process with a one-rank communicator
     (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated;
     also each mode's paired ratio to ``compute`` (the plain train step), when measured.
-    Averaging's steps include ``1/f`` of an average through the one-rank communicator (the
-    parameters and optimizer state read in place, copied into the result and written back),
-    which one rank alone would skip.
+    Averaging's step is the mean over ``f`` steps, one of which ends with an average
+    through the one-rank communicator (the parameters and optimizer state read in place
+    through the step's own reads, copied into the result and written back), which one rank
+    alone would skip.
     ``model``: ``scaling`` (256 -> Dense 4096 -> 10, batch 32) or ``lenet`` (28x28x1, batch
     32). ``floor`` (with ``compute`` among the modes): also :data:`ONE_PASS` and
     :data:`SWEEP`, the plain step followed by a host pass over a vector of the model's size,
@@ -472,11 +473,12 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
                  for mode in modes}
     candidates = {mode: (lambda e=e: e.step(x, y, next(counter)))
                   for mode, e in exchanges.items()}
-    # averaging's round: one average through the one-rank communicator (which skips it)
+    # averaging's round: a step that ends with an average through the one-rank communicator
+    # (which a fit would skip)
     averaging = exchanges.get("averaging")
     if isinstance(averaging, ParameterAveragingExchange):
-        candidates["averaging round"] = lambda: averaging.replace_by(
-            averaging.mean_over_ranks)
+        candidates["averaging round"] = lambda: averaging.step_with_average(
+            x, y, next(counter))
     plain = exchanges.get("compute")
     if floor and plain is not None:
         vector = rng.normal(0.0, 1.0, plain.trainable.size).astype(np.float32)
@@ -488,10 +490,11 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
         for exchange in exchanges.values():
             exchange.metrics.build(x, y)
         samples = alternate_samples(candidates, repeats=repeats, warmup=3)
-        if isinstance(averaging, ParameterAveragingExchange):  # a round every f steps
+        if isinstance(averaging, ParameterAveragingExchange):  # one step in f averages
             rounds = samples.pop("averaging round")
-            samples["averaging"] = [step + average / averaging.averaging_frequency
-                                    for step, average in zip(samples["averaging"], rounds)]
+            f = averaging.averaging_frequency
+            samples["averaging"] = [step + (last - step) / f
+                                    for step, last in zip(samples["averaging"], rounds)]
         for exchange in exchanges.values():
             exchange.finish()
             exchange.close()

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.exchange import UpdateExchange, model_loss
+from sparkdl.training.exchange import StepResult, UpdateExchange, model_loss
 from sparkdl.training.variables import FlatVariables
 from sparkdl.training.weights import split_target
 
@@ -25,6 +25,10 @@ class ParameterAveragingExchange(UpdateExchange):
     mode, one extra forward pass) as ``StepResult.extra["loss_after_averaging"]``.
     State: the optimizer's variables and ``since_average`` (local steps since the last
     average).
+
+    The local step that an average follows returns, from its own graph, reads of the averaged
+    variables that alias their buffers (float32 host variables): the average reads and
+    writes the buffers through them, with no TensorFlow call of its own.
     """
 
     def __init__(
@@ -46,6 +50,13 @@ class ParameterAveragingExchange(UpdateExchange):
         self._averaged = FlatVariables(
             [*self.trainable.variables, *(self.optimizer_state.variables if save_updater else [])])
         self._train_step = self._function(self._train_step_fn, reduce_retracing=True)
+        # the step an average follows: the same step, then aliasing reads of what is averaged
+        # (outside XLA: such reads do not compile)
+        self._train_step_reading = (
+            tf.function(self._train_step_reading_fn, reduce_retracing=True)
+            if self._averaged.on_host and self._averaged.size else None)
+        self._reads: list[tf.Tensor] | None = None  # from the step an average follows
+        self._average_now = False  # step_with_average: this step averages, whatever the count
         self._loss_fn = self._function(self._loss_only, reduce_retracing=True)
         self._since_average = 0
         # an average's result, kept: its pages are touched once, not every round
@@ -67,30 +78,59 @@ class ParameterAveragingExchange(UpdateExchange):
         self.model.optimizer.apply(tape.gradient(scaled, variables), variables)
         return loss
 
+    def _train_step_reading_fn(self, x: tf.Tensor, y: tf.Tensor
+                               ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """:meth:`_train_step_fn` (compiled with XLA when :attr:`jit_compile`), then reads
+        of the averaged variables that alias their buffers."""
+        loss = self._train_step(x, y)
+        return loss, self._averaged.reads()
+
     def average(self) -> None:
         """Replace parameters (and optimizer state) by their mean over all workers."""
         self._since_average = 0
-        if self.comm.world_size > 1:
-            self.replace_by(self.mean_over_ranks)
+        reads, self._reads = self._reads, None
+        if self.comm.world_size > 1 or self._average_now:
+            self.replace_by(self.mean_over_ranks, reads)
 
-    def replace_by(self, reduce: Callable[[list[np.ndarray], np.ndarray], np.ndarray]
-                   ) -> None:
+    def replace_by(self, reduce: Callable[[list[np.ndarray], np.ndarray], np.ndarray],
+                   reads: list[tf.Tensor] | None = None) -> None:
         """One average given its reduce: the parameters (and, with ``save_updater``, the
         optimizer state), as one vector, are handed to ``reduce`` as the variables' own
-        buffers, read in place, with a kept vector for the result, and set to what it
+        buffers, read in place (through ``reads``, aliasing reads taken since the last
+        step's writes, when given), with a kept vector for the result, and set to what it
         returns (:meth:`FlatVariables.replace_by`)."""
         if self._averaged.size:
-            self._averaged.replace_by(reduce, self._result)
+            self._averaged.replace_by(reduce, self._result, reads)
+
+    def step_with_average(self, x: np.ndarray, y: Any, step: int) -> StepResult:
+        """:meth:`step`, ending with an average whatever the steps since the last one and
+        the number of workers (through a one-rank communicator, the round's own work on
+        this worker: what the benchmarks measure it by)."""
+        self._average_now = True
+        try:
+            return self.step(x, y, step)
+        finally:
+            self._average_now = False
+
+    def _averages_after(self) -> bool:
+        """Whether this step ends with an average that reads the variables."""
+        return self._average_now or (self._since_average >= self.averaging_frequency
+                                     and self.comm.world_size > 1)
 
     def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, bool]:
-        """A local optimizer step; nothing to share but the batch (for the score)."""
+        """A local optimizer step; nothing to share but the batch (for the score). Before
+        an average, the step's graph also returns the reads the average takes."""
         self._since_average += 1
+        self._reads = None
+        if self._train_step_reading is not None and self._averages_after():
+            loss, self._reads = self._train_step_reading(x, y)
+            return loss, (x, y), True
         return self._train_step(x, y), (x, y), True
 
     def communicate(self, message: Any, step: int) -> Any:
         """Every ``averaging_frequency`` local steps, average (then ``message`` is the batch
         to score); otherwise nothing."""
-        if self._since_average < self.averaging_frequency:
+        if self._since_average < self.averaging_frequency and not self._average_now:
             return None
         self.average()
         return message

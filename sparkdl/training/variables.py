@@ -46,25 +46,43 @@ class FlatVariables:
         ):
             variable.assign(flat[start:stop].reshape(shape).astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
 
+    @property
+    def on_host(self) -> bool:
+        """Whether every variable is float32 on the host (:meth:`host_pieces` has views)."""
+        return self._views is not None
+
+    def reads(self) -> list[tf.Tensor]:
+        """One read per variable aliasing its buffer (eager, or in a graph that returns
+        them: then :meth:`host_pieces` and :meth:`replace_by` take them as they are). Only
+        when :attr:`on_host`."""
+        if self._views is None:
+            raise ValueError("aliasing reads need every variable float32 on the host")
+        return self._views.reads()
+
     @contextlib.contextmanager
-    def host_pieces(self) -> Iterator[list[np.ndarray] | None]:
+    def host_pieces(self, reads: Sequence[tf.Tensor] | None = None
+                    ) -> Iterator[list[np.ndarray] | None]:
         """Writable flat views of each variable's own buffer, in order, valid inside the
         block (the reads that hold the buffers live until it ends); ``None`` unless every
-        variable is float32 on the host. Only between TensorFlow calls."""
+        variable is float32 on the host. Only between TensorFlow calls. ``reads``:
+        :meth:`reads` taken since the variables' last write (say, returned by the step's
+        graph), else read now (one TensorFlow call)."""
         if self._views is None:
             yield None
             return
-        reads = self._views.read_all()  # alive while the views are used
+        if reads is None:
+            reads = self._views.read_all()  # alive while the views are used
         yield self._views.views(reads)
         del reads
 
     def replace_by(self, reduce: Callable[[list[np.ndarray], np.ndarray], np.ndarray],
-                   out: np.ndarray) -> None:
+                   out: np.ndarray, reads: Sequence[tf.Tensor] | None = None) -> None:
         """Set the vector to ``reduce(pieces, out)`` (e.g. an allreduce of the pieces'
-        concatenation into ``out``): the pieces are :meth:`host_pieces`, read in place and
-        written back in place, else one flat :meth:`read`. ``out``: a float32 vector of
-        :attr:`size` elements that ``reduce`` may write its result into."""
-        with self.host_pieces() as pieces:
+        concatenation into ``out``): the pieces are :meth:`host_pieces` (of ``reads`` when
+        given), read in place and written back in place, else one flat :meth:`read`.
+        ``out``: a float32 vector of :attr:`size` elements that ``reduce`` may write its
+        result into."""
+        with self.host_pieces(reads) as pieces:
             if pieces is None:
                 self.assign(reduce([self.read()], out))
                 return

@@ -91,6 +91,76 @@ def test_an_average_reads_and_writes_the_variables_own_buffers_through_one_kept_
         assert kept and sized
 
 
+def test_the_step_an_average_follows_hands_it_reads_of_the_buffers_from_its_own_graph():
+    models = [_model() for _ in range(2)]
+
+    def train(rank: int, comm):  # type: ignore[no-untyped-def]
+        exchange = ParameterAveragingTrainingMaster(8, 2, averaging_frequency=FREQUENCY) \
+            .create_exchange(models[rank], comm, job_id=1)
+        variables = [*exchange.trainable.variables, *exchange.optimizer_state.variables]
+        seen: list[tuple[np.ndarray, bool]] = []
+        reduce = exchange.mean_over_ranks
+
+        def mean_over_ranks(pieces, out):  # type: ignore[no-untyped-def]
+            aliased = all(np.shares_memory(p, np.asarray(read_no_copy(v)))
+                          for p, v in zip(pieces, variables, strict=True))
+            seen.append((np.concatenate(pieces), aliased))
+            return reduce(pieces, out)
+
+        def read_all():  # type: ignore[no-untyped-def]
+            raise AssertionError("the round read the variables in a TensorFlow call of its own")
+
+        exchange.mean_over_ranks = mean_over_ranks
+        exchange._averaged._views.read_all = read_all
+        for step, (x, y) in enumerate(_batches(rank, 2 * FREQUENCY)):
+            exchange.step(x, y, step)
+            if step == FREQUENCY - 1:
+                after_first = np.concatenate([exchange.trainable.read(),
+                                              exchange.optimizer_state.read()])
+        exchange.close()
+        return seen, after_first
+
+    ranks = run_threads(2, train)
+    assert [len(seen) for seen, _ in ranks] == [2, 2]  # one round every FREQUENCY steps
+    (before_0, aliased_0), (before_1, aliased_1) = ranks[0][0][0], ranks[1][0][0]
+    assert aliased_0 and aliased_1  # the buffers themselves, through the graph's reads
+    assert not np.array_equal(before_0, before_1)
+    mean_0, mean_1 = ranks[0][1], ranks[1][1]
+    assert mean_0.tobytes() == mean_1.tobytes()
+    np.testing.assert_array_equal(mean_0, (before_0 + before_1) / np.float32(2))
+
+
+def test_step_with_average_averages_through_a_one_rank_communicator_where_a_fit_skips():
+    def train(rank: int, comm):  # type: ignore[no-untyped-def]
+        exchange = ParameterAveragingTrainingMaster(8, 1, averaging_frequency=2) \
+            .create_exchange(_model(), comm, job_id=1)
+        rounds: list[int] = []
+        reduce = exchange.mean_over_ranks
+
+        def mean_over_ranks(pieces, out):  # type: ignore[no-untyped-def]
+            rounds.append(len(pieces))
+            return reduce(pieces, out)
+
+        exchange.mean_over_ranks = mean_over_ranks
+        batches = _batches(rank, 5)
+        for step, (x, y) in enumerate(batches[:4]):
+            exchange.step(x, y, step)  # one rank: every average is skipped
+        skipped = len(rounds)
+        before = exchange.trainable.read()
+        exchange.step_with_average(*batches[4], 4)
+        averaged = len([*exchange.trainable.variables, *exchange.optimizer_state.variables])
+        found = (skipped, rounds == [averaged], exchange._since_average, before,
+                 exchange.trainable.read())
+        exchange.close()
+        return found
+
+    [(skipped, one_round, since, before, after)] = run_threads(1, train)
+    assert skipped == 0
+    assert one_round  # one round, over the parameters and the optimizer's variables
+    assert since == 0
+    assert not np.array_equal(before, after)  # its local step, then the (identity) mean
+
+
 def test_end_of_epoch_leaves_both_replicas_with_the_mean_of_their_batchnorm_statistics():
     def bn_model() -> tf.keras.Model:
         tf.keras.utils.set_random_seed(5)
