@@ -89,7 +89,7 @@ class ParameterAveragingExchange(UpdateExchange):
         """Replace parameters (and optimizer state) by their mean over all workers."""
         self._since_average = 0
         reads, self._reads = self._reads, None
-        if self.comm.world_size > 1 or self._average_now:
+        if self._changes_anything():
             self.replace_by(self.mean_over_ranks, reads)
 
     def replace_by(self, reduce: Callable[[list[np.ndarray], np.ndarray], np.ndarray],
@@ -112,17 +112,22 @@ class ParameterAveragingExchange(UpdateExchange):
         finally:
             self._average_now = False
 
-    def _averages_after(self) -> bool:
-        """Whether this step ends with an average that reads the variables."""
-        return self._average_now or (self._since_average >= self.averaging_frequency
-                                     and self.comm.world_size > 1)
+    def _due(self) -> bool:
+        """Whether this step ends with a round: ``averaging_frequency`` local steps since the
+        last, or :meth:`step_with_average`."""
+        return self._average_now or self._since_average >= self.averaging_frequency
+
+    def _changes_anything(self) -> bool:
+        """Whether a round here reads and writes the variables: more than one worker, or
+        :meth:`step_with_average` (one worker's mean is its own)."""
+        return self.comm.world_size > 1 or self._average_now
 
     def compute_update(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, bool]:
         """A local optimizer step; nothing to share but the batch (for the score). Before
         an average, the step's graph also returns the reads the average takes."""
         self._since_average += 1
         self._reads = None
-        if self._train_step_reading is not None and self._averages_after():
+        if self._train_step_reading is not None and self._due() and self._changes_anything():
             loss, self._reads = self._train_step_reading(x, y)
             return loss, (x, y), True
         return self._train_step(x, y), (x, y), True
@@ -130,7 +135,7 @@ class ParameterAveragingExchange(UpdateExchange):
     def communicate(self, message: Any, step: int) -> Any:
         """Every ``averaging_frequency`` local steps, average (then ``message`` is the batch
         to score); otherwise nothing."""
-        if self._since_average < self.averaging_frequency and not self._average_now:
+        if not self._due():
             return None
         self.average()
         return message
