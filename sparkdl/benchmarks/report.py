@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -74,6 +75,38 @@ def paired_ratio(reference: Sequence[float], candidate: Sequence[float]) -> floa
             f"need the same non-zero number of rounds, got {len(reference)} and {len(candidate)}"
         )
     return statistics.median(r / c for r, c in zip(reference, candidate))
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval that holds the median of what ``values`` sample with
+    at least ``confidence``: the ``k``-th smallest and ``k``-th largest value, ``k`` the
+    largest with ``P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2``. With too few values
+    for that (fewer than 6 at 0.95), the smallest and the largest, which hold it with less."""
+    if not values:
+        raise ValueError("need at least one value")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    ordered = sorted(values)
+    n = len(ordered)
+    tail = (1 - confidence) / 2
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) < k + 1)
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n
+        if below > tail:
+            break
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
+def target_verdict(interval: tuple[float, float], target: float) -> str:
+    """Whether a ratio whose median lies in ``interval`` meets an upper ``target``: ``"met"``
+    (the whole interval at or below it), ``"missed"`` (the whole interval above it), or
+    ``"within noise"``."""
+    low, high = interval
+    if high <= target:
+        return "met"
+    return "missed" if low > target else "within noise"
 
 
 def format_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -17,7 +17,9 @@ sharing (``cluster.mesh: plain`` and ``mesh``), dense, and PowerSGD
 
 ``--cpu-only`` measures only ``T_m / T_0`` below (``exchange_cpu_s`` and the paired ratio of
 each mode to the plain train step), on this model and on LeNet, without the cluster or root,
-and prints the load average beside it: the quick check of the exchanges' CPU overhead.
+and prints the load average beside it: the quick check of the exchanges' CPU overhead. Each
+ratio comes with a 95 % interval for its median (order statistics of the rounds' ratios) and
+whether that interval meets the mode's target (``met``, ``missed``, or ``within noise``).
 
 Performance model (all parameters measured in the same run, none fitted to the cells)::
 
@@ -113,7 +115,12 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import paired_ratio, print_table
+from sparkdl.benchmarks.report import (
+    median_interval,
+    paired_ratio,
+    print_table,
+    target_verdict,
+)
 
 HOSTS = 2
 CORES_PER_HOST = 2
@@ -222,6 +229,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         modes = RANKS_MODES if ranks else MODES
         cpu: dict[str, float] = {}  # the first block's "before" figures (reported)
         cpu_ratios: dict[str, float] = {}
+        cpu_intervals: dict[str, tuple[float, float]] = {}
         cpu_by_wph: dict[int, dict[str, float]] = {}
         cells: dict[str, Cell] = {}
         compute: dict[int, list[float]] = {}
@@ -244,9 +252,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                             spark, wph * HOSTS, small=False, large=RATE_COLLECTIVES)
                 cluster.set_rate(None)
                 # each mode's CPU work, measured around this block's cells (the same load)
-                before, ratios = measure_exchange_cpu(("compute", "lockstep", *modes))
+                before, ratios, intervals = measure_exchange_cpu(
+                    ("compute", "lockstep", *modes))
                 if not cpu:
-                    cpu, cpu_ratios = before, ratios
+                    cpu, cpu_ratios, cpu_intervals = before, ratios, intervals
                 # more workers than the machine's cores: ranks take turns on them, and the
                 # straggler term comes from a fit whose ranks meet every step
                 oversubscribed[wph] = cpu_share(wph * HOSTS) > 1.0
@@ -277,7 +286,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                     compute[wph] += _fit(spark, cluster, uri, "compute", wph,
                                          [None] * COMPUTE_EPOCHS)["step_s"][1:]
                     _print_references(compute, lockstep, wph, started)
-                after, _ = measure_exchange_cpu(("compute", "lockstep", *modes))
+                after, _, _ = measure_exchange_cpu(("compute", "lockstep", *modes))
                 cpu_by_wph[wph] = {m: (before[m] + after[m]) / 2 for m in before}
             cluster.set_rate(None)
     finally:
@@ -323,6 +332,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     figures["load_average_by_cell"] = {c.key: c.load for c in cells.values() if c.load}
     figures["exchange_cpu_s"] = cpu
     figures["exchange_cpu_ratio"] = cpu_ratios
+    figures["exchange_cpu_ratio_interval"] = {m: list(i) for m, i in cpu_intervals.items()}
     figures["exchange_cpu_s_by_block"] = {f"{w}x{HOSTS}": c for w, c in cpu_by_wph.items()}
     figures["fixed_hop_s"] = {f"{w}x{HOSTS}": h for w, h in hop_s.items()}
     figures["straggler_s"] = {f"{w}x{HOSTS}": straggler_seconds(r, 1)
@@ -424,9 +434,13 @@ def run_cpu_only(options: dict[str, Any]) -> dict[str, Any]:
     load_before = os.getloadavg()
     figures: dict[str, Any] = {}
     for name in ("scaling", "lenet"):
-        seconds, ratios = measure_exchange_cpu(("compute", *MODES), repeats=repeats,
-                                               model=name, floor=True)
-        figures[name] = {"exchange_cpu_s": seconds, "ratio_to_plain_step": ratios}
+        seconds, ratios, intervals = measure_exchange_cpu(("compute", *MODES),
+                                                          repeats=repeats, model=name,
+                                                          floor=True)
+        figures[name] = {"exchange_cpu_s": seconds, "ratio_to_plain_step": ratios,
+                         "ratio_interval": {m: list(i) for m, i in intervals.items()},
+                         "verdict": {m: target_verdict(intervals[m], t)
+                                     for m, t in CPU_TARGETS.items() if m in intervals}}
     figures.update(load_average_before=load_before, load_average_after=os.getloadavg(),
                    targets=CPU_TARGETS)
     print(f"load average before {_load(load_before)}, after {_load(os.getloadavg())}")
@@ -501,14 +515,29 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     finally:
         comm.close()
     seconds = {mode: statistics.median(t) for mode, t in samples.items()}
-    ratios = ({mode: paired_ratio(t, samples["compute"]) for mode, t in samples.items()}
-              if "compute" in samples else {})
+    plain = samples.get("compute")
+    ratios = ({mode: paired_ratio(t, plain) for mode, t in samples.items()}
+              if plain is not None else {})
+    intervals = ({mode: median_interval([a / b for a, b in zip(t, plain)])
+                  for mode, t in samples.items()} if plain is not None else {})
     print_table(f"{model}: one step's CPU work per mode, one process, no communication "
-                f"(ms, median of {repeats}; ratio: paired, to the plain train step)",
-                ["mode", "ms", "ratio", "target"],
-                [(mode, t * 1e3, ratios.get(mode, "-"), CPU_TARGETS.get(mode, "-"))
+                f"(ms, median of {repeats}; ratio: paired, to the plain train step, with a "
+                f"95 % interval for its median)",
+                ["mode", "ms", "ratio", "interval", "target", "verdict"],
+                [_cpu_row(mode, t, ratios.get(mode), intervals.get(mode))
                  for mode, t in seconds.items()])
-    return seconds, ratios
+    return seconds, ratios, intervals
+
+
+def _cpu_row(mode: str, seconds: float, ratio: float | None,
+             interval: tuple[float, float] | None) -> tuple[object, ...]:
+    """One row of the in-process table: the mode's time, its ratio to the plain step and
+    the interval of that ratio's median, its target and whether the interval meets it."""
+    target = CPU_TARGETS.get(mode)
+    span = f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "-"
+    verdict = target_verdict(interval, target) if interval and target else "-"
+    return (mode, seconds * 1e3, "-" if ratio is None else ratio, span,
+            "-" if target is None else target, verdict)
 
 
 def _lenet() -> Any:

@@ -72,6 +72,11 @@ def test_quick_scaling_benchmark_reports_every_cell(tmp_path):
         assert cell["load1"] == max(cell["load1_per_fit"]), name
     assert figures["sharing_compression"] > 1
     assert figures["model_error_max"] is not None
+    # each in-process ratio with the interval of its median
+    intervals = figures["exchange_cpu_ratio_interval"]
+    assert set(intervals) == set(figures["exchange_cpu_ratio"])
+    for mode, (low, high) in intervals.items():
+        assert low <= figures["exchange_cpu_ratio"][mode] <= high, mode
     # the 100 Mbit/s link's goodput under the ring's traffic: measured, and below the rate
     ring = figures["ring_goodput_bytes_per_s"]["1x2"]["100mbit"]
     assert 1e6 < ring < 12.5e6, ring

@@ -5,7 +5,14 @@ from itertools import pairwise
 
 import pytest
 
-from sparkdl.benchmarks.report import alternate, alternate_samples, balanced_orders, paired_ratio
+from sparkdl.benchmarks.report import (
+    alternate,
+    alternate_samples,
+    balanced_orders,
+    median_interval,
+    paired_ratio,
+    target_verdict,
+)
 
 
 def test_alternate_samples_follows_the_balanced_orders_and_keeps_every_round():
@@ -41,17 +48,44 @@ def test_paired_ratio_needs_matching_rounds(reference, candidate):
         paired_ratio(reference, candidate)
 
 
+def test_the_median_interval_is_the_binomial_order_statistics():
+    # n = 40: P(Binomial(40, 1/2) <= 13) = 0.019 <= 0.025 < P(<= 14) = 0.040
+    assert median_interval([float(v) for v in range(40, 0, -1)]) == (14.0, 27.0)
+    assert median_interval(list(range(1, 7))) == (1, 6)  # 1 - 2/64 = 0.969 >= 0.95
+    assert median_interval(list(range(1, 6))) == (1, 5)  # too few: the extremes
+    assert median_interval([2.5]) == (2.5, 2.5)
+    assert median_interval(list(range(1, 41)), confidence=0.5) == (18, 23)
+    with pytest.raises(ValueError, match="at least one"):
+        median_interval([])
+    with pytest.raises(ValueError, match="confidence"):
+        median_interval([1.0], confidence=1.0)
+
+
+@pytest.mark.parametrize("interval, verdict", [
+    ((1.02, 1.04), "met"), ((1.02, 1.05), "met"), ((1.04, 1.07), "within noise"),
+    ((1.06, 1.09), "missed")])
+def test_a_target_is_met_or_missed_only_by_the_whole_interval(interval, verdict):
+    assert target_verdict(interval, 1.05) == verdict
+
+
 def test_the_in_process_measurement_sets_the_sharing_steps_floors_beside_the_modes(capsys):
     from sparkdl.benchmarks.scaling import ONE_PASS, SWEEP, measure_exchange_cpu
 
-    seconds, ratios = measure_exchange_cpu(("compute", "dense"), repeats=2, floor=True)
+    seconds, ratios, intervals = measure_exchange_cpu(("compute", "dense"), repeats=2,
+                                                      floor=True)
     assert set(seconds) == {"compute", "dense", ONE_PASS, SWEEP}
     assert all(s > 0 for s in seconds.values())
     assert ratios["compute"] == 1.0 and ratios[ONE_PASS] > 0 and ratios[SWEEP] > 0
+    assert set(intervals) == set(seconds) and intervals["compute"] == (1.0, 1.0)
+    assert all(low <= ratios[m] <= high for m, (low, high) in intervals.items())
     printed = capsys.readouterr().out
     assert ONE_PASS in printed and SWEEP in printed  # rows of the printed table
-    seconds, _ = measure_exchange_cpu(("dense",), repeats=1, floor=True)  # no plain step
-    assert set(seconds) == {"dense"}
+    dense_row = next(line for line in printed.splitlines() if line.strip().startswith("dense"))
+    low, high = intervals["dense"]
+    assert f"{low:.3f}-{high:.3f}" in dense_row
+    assert target_verdict(intervals["dense"], 1.10) in dense_row
+    seconds, _, intervals = measure_exchange_cpu(("dense",), repeats=1, floor=True)
+    assert set(seconds) == {"dense"} and intervals == {}  # no plain step: no ratio
 
 
 def test_the_sweep_floor_reads_its_vector_and_leaves_it_as_it_is():
