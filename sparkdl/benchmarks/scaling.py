@@ -452,10 +452,13 @@ def _load(load: tuple[float, ...]) -> str:
 
 
 def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str = "scaling",
-                         floor: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+                         floor: bool = False
+                         ) -> tuple[dict[str, float], dict[str, float],
+                                    dict[str, tuple[float, float]]]:
     """Seconds per step of each mode's exchange in this process with a one-rank communicator
     (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated;
-    also each mode's paired ratio to ``compute`` (the plain train step), when measured.
+    also each mode's paired ratio to ``compute`` (the plain train step), when measured, and a
+    95 % interval for that ratio's median (:func:`~sparkdl.benchmarks.report.median_interval`).
     Averaging's step is the mean over ``f`` steps, one of which ends with an average
     through the one-rank communicator (the parameters and optimizer state read in place
     through the step's own reads, copied into the result and written back), which one rank
