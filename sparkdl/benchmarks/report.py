@@ -70,11 +70,17 @@ def paired_ratio(reference: Sequence[float], candidate: Sequence[float]) -> floa
     between rounds (another job on a shared machine starting or ending) cancels in the ratio;
     a ratio of the two medians would take each median from different rounds.
     """
+    return statistics.median(paired_ratios(reference, candidate))
+
+
+def paired_ratios(reference: Sequence[float], candidate: Sequence[float]) -> list[float]:
+    """Each round's ``reference / candidate`` seconds (:func:`paired_ratio` is their median;
+    :func:`median_interval` bounds it)."""
     if len(reference) != len(candidate) or not reference:
         raise ValueError(
             f"need the same non-zero number of rounds, got {len(reference)} and {len(candidate)}"
         )
-    return statistics.median(r / c for r, c in zip(reference, candidate))
+    return [r / c for r, c in zip(reference, candidate)]
 
 
 def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:

@@ -117,7 +117,7 @@ import numpy as np
 
 from sparkdl.benchmarks.report import (
     median_interval,
-    paired_ratio,
+    paired_ratios,
     print_table,
     target_verdict,
 )
@@ -519,10 +519,10 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
         comm.close()
     seconds = {mode: statistics.median(t) for mode, t in samples.items()}
     plain = samples.get("compute")
-    ratios = ({mode: paired_ratio(t, plain) for mode, t in samples.items()}
+    rounds = ({mode: paired_ratios(t, plain) for mode, t in samples.items()}
               if plain is not None else {})
-    intervals = ({mode: median_interval([a / b for a, b in zip(t, plain)])
-                  for mode, t in samples.items()} if plain is not None else {})
+    ratios = {mode: statistics.median(r) for mode, r in rounds.items()}
+    intervals = {mode: median_interval(r) for mode, r in rounds.items()}
     print_table(f"{model}: one step's CPU work per mode, one process, no communication "
                 f"(ms, median of {repeats}; ratio: paired, to the plain train step, with a "
                 f"95 % interval for its median)",
