@@ -6,7 +6,23 @@ import os
 import sys
 from collections.abc import Iterator
 
+import _fork_guard
 import pytest
+
+_fork_guard.install()
+
+
+@pytest.fixture(autouse=True)
+def _no_fork_after_native_threads() -> Iterator[None]:
+    """Fail a test that forked this process while TensorFlow, gRPC or the JVM gateway were
+    imported (``tests/_fork_guard.py`` says why)."""
+    _fork_guard.offences.clear()
+    yield
+    if _fork_guard.offences:
+        found = "\n".join(_fork_guard.offences)
+        _fork_guard.offences.clear()
+        pytest.fail(f"the test forked the pytest process after native threads may exist "
+                    f"(use the forkserver or spawn context):\n{found}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

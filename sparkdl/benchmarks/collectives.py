@@ -243,7 +243,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     quick = bool(options.get("quick", False))
     repeats = int(options.get("repeats", 3 if quick else 7))
     with_tf = bool(options.get("tf", True))
-    fork = mp.get_context("fork")
+    forkserver = mp.get_context("forkserver")
     spawn = mp.get_context("spawn")
     secret = secrets.token_bytes(32)
     result: dict[str, Any] = {"repeats": repeats, "cases_s": {}}
@@ -254,31 +254,31 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         for world in (2, 4):
             rings[world] = _Group(
                 f"tcp-{world}w",
-                fork,
+                forkserver,
                 _ring_worker,
                 [(r, world, store.address, secret, f"ring-{world}") for r in range(world)],
             )
             groups.append(rings[world])
         tcp_only = _Group(
             "tcp-2w-no-shm",
-            fork,
+            forkserver,
             _ring_worker,
             [(r, 2, store.address, secret, "ring-2-tcp", False) for r in range(2)],
         )
         groups.append(tcp_only)
         tcp_mac = _Group(
             "tcp-2w-mac",
-            fork,
+            forkserver,
             _ring_worker,
             [(r, 2, store.address, secret, "ring-2-mac", False, "mac") for r in range(2)],
         )
         groups.append(tcp_mac)
         recv_port = _free_ports(1)[0]
-        receiver = _Group("socket-recv", fork, _socket_worker, [("recv", recv_port)])
+        receiver = _Group("socket-recv", forkserver, _socket_worker, [("recv", recv_port)])
         groups.append(receiver)
         store.start()
         receiver.ready(30)
-        sender = _Group("socket-send", fork, _socket_worker, [("send", recv_port)])
+        sender = _Group("socket-send", forkserver, _socket_worker, [("send", recv_port)])
         groups.append(sender)
         sender.ready(30)
         for world, g in rings.items():

@@ -236,7 +236,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     sizes = (4 * KB,) if quick else SIZES
     reduce_sizes = () if quick else REDUCE_SIZES
     secret = secrets.token_bytes(32)
-    fork = mp.get_context("fork")
+    forkserver = mp.get_context("forkserver")
     cluster = NetCluster(max(worlds), rate=RATES[0], name="sdlm", subnet="10.78.0",
                          state_dir="/tmp/sparkdl-netcluster-mesh")
     result: dict[str, Any] = {"repeats": repeats, "cells": [], "bytes_vs_ranks": []}
@@ -247,7 +247,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         try:
             for world in sorted({*worlds, *bytes_worlds}):
                 groups[world] = _Group(
-                    f"mesh-{world}w", fork, _worker,
+                    f"mesh-{world}w", forkserver, _worker,
                     [(r, world, store.address, secret, cluster.hosts[r].netns,
                       cluster.hosts[r].ip) for r in range(world)],
                 )

@@ -15,7 +15,26 @@ from typing import Any
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 
 SECRET = b"0123456789abcdef-test-secret"
-_CTX = mp.get_context("fork")
+# Ranks are forked by a fork server: a fresh interpreter that has imported numpy and
+# sparkdl.comm alone. Forking the pytest process itself is unsafe once TensorFlow, gRPC or the
+# JVM gateway have started their threads: a child forked while one of them holds an abseil
+# mutex aborts on its first use of it ("Check w->waitp->cond == nullptr failed").
+# Each child runs the parent's main script again (pytest's, which imports pytest): preloading
+# pytest keeps that cheap ("__main__" in the list would not: Python 3.11 never passes the
+# server the main script's path).
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["pytest", "numpy", "sparkdl.comm", "_comm_harness"])
+
+
+def new_event() -> Any:
+    """An event the harness's rank processes can set (pass it in ``args``)."""
+    return _CTX.Event()
+
+
+def _adopt_environment(environment: dict[str, str]) -> None:
+    """Give a rank the test's environment as it is now (the fork server's is its start's)."""
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 @dataclass
@@ -39,7 +58,9 @@ def _child(
     conn: Any,
     store_timeout: float,
     args: tuple[Any, ...],
+    environment: dict[str, str],
 ) -> None:
+    _adopt_environment(environment)
     exchange = store_exchange(address, rank, world, secret=SECRET, timeout_s=store_timeout)
     try:
         value = fn(rank, world, exchange, *args)
@@ -51,7 +72,8 @@ def _child(
 
 
 class RankGroup:
-    """``world_size`` forked processes each running ``fn(rank, world_size, exchange, *args)``."""
+    """``world_size`` processes (forked by the fork server) each running
+    ``fn(rank, world_size, exchange, *args)``."""
 
     def __init__(
         self,
@@ -69,7 +91,8 @@ class RankGroup:
             recv_end, send_end = _CTX.Pipe(duplex=False)
             proc = _CTX.Process(
                 target=_child,
-                args=(fn, rank, world_size, self.server.address, send_end, store_timeout, args),
+                args=(fn, rank, world_size, self.server.address, send_end, store_timeout, args,
+                      dict(os.environ)),
                 daemon=True,
             )
             proc.start()
@@ -124,6 +147,19 @@ class RankGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def _child_body_quiet(fn: Callable[..., Any], args: tuple[Any, ...],
+                      environment: dict[str, str]) -> None:
+    _adopt_environment(environment)
+    fn(*args)
+
+
+def start_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """Start ``fn(*args)`` in a daemon process forked by the fork server; the caller joins it."""
+    proc = _CTX.Process(target=_child_body_quiet, args=(fn, args, dict(os.environ)), daemon=True)
+    proc.start()
+    return proc
 
 
 def run_ranks(
@@ -192,18 +228,21 @@ def allreduce_until_error(
         return str(exc), time.time()
 
 
+def _child_body(fn: Callable[..., Any], args: tuple[Any, ...], conn: Any,
+                environment: dict[str, str]) -> None:
+    _adopt_environment(environment)
+    try:
+        conn.send(("ok", fn(*args)))
+    except BaseException as exc:
+        conn.send(("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
 def run_in_child(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
-    """Run ``fn(*args)`` in a forked process; return its value or raise AssertionError with its
-    error (the child is killed past ``timeout`` seconds)."""
+    """Run ``fn(*args)`` in a child process (forked by the fork server); return its value or
+    raise AssertionError with its error (the child is killed past ``timeout`` seconds)."""
     recv_end, send_end = _CTX.Pipe(duplex=False)
-
-    def body() -> None:
-        try:
-            send_end.send(("ok", fn(*args)))
-        except BaseException as exc:
-            send_end.send(("err", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-
-    proc = _CTX.Process(target=body, daemon=True)
+    proc = _CTX.Process(target=_child_body, args=(fn, args, send_end, dict(os.environ)),
+                        daemon=True)
     proc.start()
     send_end.close()
     try:

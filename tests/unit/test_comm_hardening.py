@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _comm_harness import SECRET, FakeRank1, run_in_child, run_ranks, values
+from _comm_harness import SECRET, FakeRank1, run_in_child, run_ranks, start_process, values
 
 from sparkdl.comm import _shm, create_communicator
 from sparkdl.comm.rendezvous import store_exchange
@@ -315,13 +314,8 @@ def _connector_until_killed(port: int) -> None:
 def test_segment_of_a_sender_killed_during_setup_is_swept() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    pid = os.fork()
-    if pid == 0:  # the sender: creates the segment, then waits for the echo until killed
-        try:
-            listener.close()
-            _connector_until_killed(port)
-        finally:
-            os._exit(0)
+    # the sender: creates the segment, then waits for the echo until killed
+    sender = start_process(_connector_until_killed, port)
     name = ""
     try:
         listener.settimeout(10)
@@ -335,8 +329,8 @@ def test_segment_of_a_sender_killed_during_setup_is_swept() -> None:
         name = _recv(conn, length).decode()
         _recv(conn, 8)
         assert name in _ours()  # the segment exists while the sender waits for our echo
-        os.kill(pid, signal.SIGKILL)  # killed in the middle of the setup
-        os.waitpid(pid, 0)
+        sender.kill()  # killed in the middle of the setup
+        sender.join(timeout=10)
         conn.close()
         assert name in _ours()  # nothing could clean it up: its creator is dead
         # The next link set up on this host sweeps segments whose creator is dead.
@@ -348,11 +342,8 @@ def test_segment_of_a_sender_killed_during_setup_is_swept() -> None:
         with_pid = os.path.join(_shm.SHM_DIR, name) if name else ""
         if with_pid and os.path.exists(with_pid):
             os.unlink(with_pid)
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        sender.kill()
+        sender.join(timeout=10)
 
 
 def _recv(conn: socket.socket, n: int) -> bytes:

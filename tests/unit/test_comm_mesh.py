@@ -4,7 +4,6 @@ TCP, frame checks, failures and authentication."""
 from __future__ import annotations
 
 import hashlib
-import multiprocessing as mp
 import signal
 import socket
 import time
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _comm_harness import SECRET, RankGroup, run_threads, values
+from _comm_harness import SECRET, RankGroup, new_event, run_threads, values
 
 from sparkdl.comm import _auth, create_communicator
 from sparkdl.comm.mesh import (
@@ -214,7 +213,7 @@ def _gather_until_error(rank: int, world: int, exchange: Any, timeout_s: float, 
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_silent_or_dead_peer_makes_every_rank_fail_within_the_timeout(how: str) -> None:
     world, victim, timeout_s = 5, 2, 3.0
-    ready = mp.get_context("fork").Event()
+    ready = new_event()
     with RankGroup(_gather_until_error, world, args=(timeout_s, ready)) as group:
         assert ready.wait(30)
         time.sleep(0.2)

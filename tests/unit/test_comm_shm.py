@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -12,7 +11,14 @@ import time
 
 import numpy as np
 import pytest
-from _comm_harness import SECRET, RankGroup, allreduce_until_error, run_ranks, values
+from _comm_harness import (
+    SECRET,
+    RankGroup,
+    allreduce_until_error,
+    new_event,
+    run_ranks,
+    values,
+)
 
 from sparkdl.comm import _shm
 from sparkdl.comm.tcp import connect_ring
@@ -74,13 +80,13 @@ def _env_disabled(rank: int, world: int, exchange) -> tuple[bool, bool]:
 
 
 def test_environment_switch_disables_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPARKDL_SHM", "0")  # inherited by the forked ranks
+    monkeypatch.setenv("SPARKDL_SHM", "0")  # handed to the ranks with the environment
     assert values(run_ranks(_env_disabled, 2)) == [(False, False)] * 2
 
 
 def test_nothing_is_left_in_dev_shm_after_a_rank_is_killed() -> None:
     before = _ours()
-    ready = mp.get_context("fork").Event()
+    ready = new_event()
     with RankGroup(allreduce_until_error, 3, args=(3.0, 1_000_000, ready)) as group:
         assert ready.wait(30)
         time.sleep(0.2)

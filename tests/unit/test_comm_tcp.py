@@ -11,7 +11,14 @@ import time
 
 import numpy as np
 import pytest
-from _comm_harness import SECRET, RankGroup, allreduce_until_error, run_ranks, values
+from _comm_harness import (
+    SECRET,
+    RankGroup,
+    allreduce_until_error,
+    new_event,
+    run_ranks,
+    values,
+)
 
 from sparkdl.comm import _auth
 from sparkdl.comm.tcp import TcpRingCommunicator, connect_ring
@@ -224,10 +231,8 @@ def test_wrong_secret_and_garbage_are_rejected_during_ring_formation() -> None:
 
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_silent_or_dead_peer_makes_every_rank_fail_within_the_timeout(how: str) -> None:
-    import multiprocessing as mp
-
     world, victim, timeout_s = 4, 2, 3.0
-    ready = mp.get_context("fork").Event()
+    ready = new_event()
     with RankGroup(allreduce_until_error, world, args=(timeout_s, 200_000, ready)) as group:
         assert ready.wait(30)
         time.sleep(0.2)
