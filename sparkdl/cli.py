@@ -7,12 +7,15 @@ file, atomically); tables and logs go to stderr.
 
 ``jobs/etl.py``, ``jobs/train.py``, ``jobs/evaluate.py``, ``jobs/predict.py`` and
 ``jobs/pipeline.py`` are this command with the stage fixed, for ``spark-submit``;
-``jobs/benchmark.py`` is ``sparkdl benchmark``. ``python -m sparkdl`` is ``sparkdl``.
+``jobs/benchmark.py`` is ``sparkdl benchmark`` (from a source checkout). ``python -m sparkdl``
+is ``sparkdl``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -67,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     for stage, summary in STAGES.items():
         add_stage_arguments(_command(commands, stage, summary), stage)
     add_samples_arguments(_command(commands, "samples", TOOLS["samples"], False))
-    # forwarded to sparkdl.benchmarks.cli before parsing; listed here for --help
+    # forwarded to benchmarks.cli before parsing; listed here for --help
     commands.add_parser("benchmark", help=TOOLS["benchmark"], add_help=False)
     add_report_arguments(_command(commands, "report", TOOLS["report"], False))
     add_validate_arguments(_command(commands, "validate", TOOLS["validate"]))
@@ -248,10 +251,19 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_benchmark(argv: Sequence[str]) -> int:
-    """``sparkdl benchmark ...`` is ``jobs/benchmark.py ...``."""
-    from sparkdl.benchmarks.cli import main as benchmark_main
-
-    return benchmark_main(argv)
+    """``sparkdl benchmark ...`` is ``jobs/benchmark.py ...``: the benchmarks are the source
+    tree's ``benchmarks/`` (not installed), found beside a sparkdl installed editable."""
+    source_tree = Path(__file__).resolve().parents[1]
+    if not (source_tree / "benchmarks" / "cli.py").is_file():
+        return fail("benchmark", f"the benchmarks are not installed with sparkdl ({source_tree} "
+                    "has no benchmarks/): install sparkdl from a source checkout "
+                    "(pip install -e .) or run python jobs/benchmark.py there")
+    if str(source_tree) not in sys.path:
+        sys.path.insert(0, str(source_tree))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(source_tree), os.environ.get("PYTHONPATH")]))
+    cli = importlib.import_module("benchmarks.cli")
+    return int(cli.main(argv))
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""The multi-host harness (sparkdl.testing.netcluster) as one fixture factory for the cluster
+"""The multi-host harness (benchmarks.netcluster) as one fixture factory for the cluster
 tests. Needs root (network namespaces): a test that asks for a cluster is skipped elsewhere."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sparkdl.testing.netcluster import NetCluster, NetClusterError, check_privileges
+from benchmarks.netcluster import NetCluster, NetClusterError, check_privileges
 
 try:
     check_privileges()

@@ -1,4 +1,4 @@
-"""An elastic fit on the multi-host harness (sparkdl.testing.netcluster): one of two hosts is
+"""An elastic fit on the multi-host harness (benchmarks.netcluster): one of two hosts is
 lost for good in the middle of a 4-worker digits fit. With ``training.elastic`` the fit goes
 on with the 3 task slots left, from the latest checkpoint, and ends within 1 pp of an
 undisturbed run's accuracy; with ``min_workers: 4`` it fails with one clear message.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _submit_env import submit_env
 
-from sparkdl.testing.netcluster import NetCluster, spark_submit
+from benchmarks.netcluster import NetCluster, spark_submit
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")

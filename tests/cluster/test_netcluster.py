@@ -1,4 +1,4 @@
-"""A real multi-host Spark standalone cluster on one machine (sparkdl.testing.netcluster):
+"""A real multi-host Spark standalone cluster on one machine (benchmarks.netcluster):
 the harness itself, and the digits pipeline through spark-submit on 2 hosts x 2 workers
 (sharing with PowerSGD, and dense) with GPU scheduling on fake GPUs. Needs root (network
 namespaces); skipped elsewhere."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _submit_env import submit_env
 
-from sparkdl.testing.netcluster import NetCluster, spark_submit
+from benchmarks.netcluster import NetCluster, spark_submit
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")

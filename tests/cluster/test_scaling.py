@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkdl.benchmarks.scaling import (
+from benchmarks.netcluster import NetClusterError, check_privileges
+from benchmarks.scaling import (
     Cell,
     block_orders,
     bruck_link_bytes,
@@ -27,7 +28,6 @@ from sparkdl.benchmarks.scaling import (
     shm_between_hosts,
     straggler_seconds,
 )
-from sparkdl.testing.netcluster import NetClusterError, check_privileges
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ("sharing_vs_dense_step_speedup_100mbit", "overlap_vs_compute_only_100mbit",
@@ -215,7 +215,7 @@ def test_predict_counts_log2_hops_and_each_bruck_steps_busiest_link_in_mesh_mode
 
 
 def test_ranks_option_takes_an_even_count_of_at_least_four():
-    from sparkdl.benchmarks import scaling
+    from benchmarks import scaling
 
     try:
         scaling._grid(8)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkdl.benchmarks.timeline import write_shards
+from benchmarks.timeline import write_shards
 from sparkdl.parallel import ParallelWrapper
 from sparkdl.training.masters import SharedTrainingMaster
 

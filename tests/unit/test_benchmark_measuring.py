@@ -5,7 +5,7 @@ from itertools import pairwise
 
 import pytest
 
-from sparkdl.benchmarks.report import (
+from benchmarks.report import (
     alternate,
     alternate_samples,
     balanced_orders,
@@ -69,7 +69,7 @@ def test_a_target_is_met_or_missed_only_by_the_whole_interval(interval, verdict)
 
 
 def test_the_in_process_measurement_sets_the_sharing_steps_floors_beside_the_modes(capsys):
-    from sparkdl.benchmarks.scaling import ONE_PASS, SWEEP, measure_exchange_cpu
+    from benchmarks.scaling import ONE_PASS, SWEEP, measure_exchange_cpu
 
     seconds, ratios, intervals = measure_exchange_cpu(("compute", "dense"), repeats=2,
                                                       floor=True)

@@ -11,7 +11,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdl.benchmarks.device_encoding import record_host_copies
+from benchmarks.device_encoding import record_host_copies
 from sparkdl.compression import (
     AdaptiveThreshold,
     FixedThreshold,

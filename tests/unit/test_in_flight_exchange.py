@@ -93,7 +93,7 @@ def test_close_lets_the_job_in_flight_finish_and_stops_the_worker():
 
 
 def test_each_job_is_a_span_of_the_worker_thread_with_its_cpu_time():
-    from sparkdl.benchmarks.timeline import summarize
+    from benchmarks.timeline import summarize
     from sparkdl.training.timeline import Timeline, recording
 
     recorder = Timeline(0)

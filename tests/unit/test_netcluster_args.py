@@ -1,4 +1,4 @@
-"""sparkdl.testing.netcluster: argument checks and the error where privileges are missing
+"""benchmarks.netcluster: argument checks and the error where privileges are missing
 (the cluster itself is exercised in tests/cluster)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkdl.testing.netcluster import NetCluster, NetClusterError, host_cpus, rate_bits_per_s
+from benchmarks.netcluster import NetCluster, NetClusterError, host_cpus, rate_bits_per_s
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def test_bad_arguments():
 def _harness_up_as(tmp_path: Path, setpriv_args: list[str]) -> subprocess.CompletedProcess:
     """``NetCluster(...).up()`` in a child started through ``setpriv`` with these arguments."""
     code = (
-        "from sparkdl.testing.netcluster import NetCluster\n"
+        "from benchmarks.netcluster import NetCluster\n"
         f"NetCluster(hosts=1, state_dir={str(tmp_path / 'state')!r}).up()\n"
     )
     return subprocess.run(
@@ -77,7 +77,7 @@ def test_a_process_without_the_capabilities_gets_one_clear_error(tmp_path):
 def test_an_unprivileged_user_gets_one_clear_error(tmp_path):
     unprivileged = ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
     probe = subprocess.run(
-        ["setpriv", *unprivileged, sys.executable, "-c", "import sparkdl.testing.netcluster"],
+        ["setpriv", *unprivileged, sys.executable, "-c", "import benchmarks.netcluster"],
         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/", capture_output=True, text=True,
         timeout=120, check=False,
     )

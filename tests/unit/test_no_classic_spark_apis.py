@@ -13,7 +13,7 @@ CLASSIC_ONLY = re.compile(
 )
 #: the benchmark harnesses drive their own classic standalone cluster: a line there may use
 #: a classic-only API when it says so (``# classic-only``)
-HARNESS = "sparkdl/benchmarks/"
+HARNESS = "benchmarks/"
 # get_spark starting a classic session: under spark-submit (its JVM is already running), or
 # launching the driver JVM with its stderr named (sparkdl.session.get_spark's jvm_stderr)
 ALLOWED = {"from pyspark import SparkConf, SparkContext", "SparkContext._ensure_initialized()",

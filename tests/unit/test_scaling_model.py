@@ -1,10 +1,10 @@
-"""The N-rank scaling model's formulas (sparkdl.benchmarks.scaling_model)."""
+"""The N-rank scaling model's formulas (benchmarks.scaling_model)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sparkdl.benchmarks.scaling_model import (
+from benchmarks.scaling_model import (
     LENET_SHAPES,
     Scenario,
     bruck_steps,
@@ -101,7 +101,7 @@ def test_a_collective_step_takes_the_longer_of_its_fixed_cost_and_its_bytes() ->
 
 
 def test_the_collectives_benchmark_calibrates_on_small_worlds_and_checks_larger_ones() -> None:
-    from sparkdl.benchmarks.mesh import RATES, calibrate, check_model
+    from benchmarks.mesh import RATES, calibrate, check_model
 
     hop, goodput = 40e-6, {"100mbit": 12e6, "1gbit": 120e6}
 

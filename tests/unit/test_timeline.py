@@ -212,8 +212,8 @@ def _synthetic(tmp_path: Path) -> list[str]:
 
 def test_timeline_png_draws_a_step_and_the_summary_has_medians_and_self_times(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from sparkdl.benchmarks.cli import main
-    from sparkdl.benchmarks.timeline import load, summarize
+    from benchmarks.cli import main
+    from benchmarks.timeline import load, summarize
 
     uris = _synthetic(tmp_path)
     out = tmp_path / "step.png"

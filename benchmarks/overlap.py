@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from typing import Any
 
-from sparkdl.benchmarks.report import print_table
+from benchmarks.report import print_table
 
 WORKERS, BATCH = 2, 32
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import Any
 
-from sparkdl.benchmarks.report import print_table
+from benchmarks.report import print_table
 
 FEATURES = [f"x{i}" for i in range(8)]
 

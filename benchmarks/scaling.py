@@ -1,7 +1,7 @@
 """Scaling on a multi-host cluster, next to a performance model that predicts it.
 
 ``python jobs/benchmark.py scaling --json PATH [--quick] [--cluster STATE_DIR]`` brings up
-the network-namespace harness (:mod:`sparkdl.testing.netcluster`, root needed; or attaches to
+the network-namespace harness (:mod:`benchmarks.netcluster`, root needed; or attaches to
 a running one), and for every cell — link rate (100 Mbit/s, 1 Gbit/s, unlimited) × workers
 per host (1, 2) on 2 hosts × mode (sharing, sharing with overlap, averaging, dense) — fits a
 1.1M-parameter model (256 → Dense 4096 → 10) through real Spark barrier stages. It reports
@@ -13,7 +13,7 @@ and rates, and each figure is the median over repeats.
 ``--ranks N`` measures instead ``N // 2`` hosts × 2 workers at 100 Mbit/s and 1 Gbit/s for
 sharing (``cluster.mesh: plain`` and ``mesh``), dense, and PowerSGD
 (``training.compression: powersgd``) (docs/scaling.md); the N-rank terms come from
-:mod:`sparkdl.benchmarks.scaling_model`.
+:mod:`benchmarks.scaling_model`.
 
 ``--cpu-only`` measures only ``T_m / T_0`` below (``exchange_cpu_s`` and the paired ratio of
 each mode to the plain train step), on this model and on LeNet, without the cluster or root,
@@ -44,7 +44,7 @@ Performance model (all parameters measured in the same run, none fitted to the c
   by ``s`` where workers share cores), not scaled by ``C(w) / T_0``: the loop and input
   costs in ``C(w)`` do not grow with the exchange.
 * ``D``: threshold decode of one message of this model's size at the target sparsity, from
-  the encoding benchmark's code (:mod:`sparkdl.benchmarks.encoding`; it also reports the
+  the encoding benchmark's code (:mod:`benchmarks.encoding`; it also reports the
   encode time ``E``, part of ``T_m``); every worker decodes the ``N-1`` other messages too;
   ``s = max(1, N / cores)`` is the CPU-sharing factor.
 * ``B``: bytes one worker sends per step (counters of the cell's own epochs: dense ring
@@ -67,7 +67,7 @@ Performance model (all parameters measured in the same run, none fitted to the c
   model's size at the unlimited rate, the slowest rank's median, less the hops' fixed cost
   and the bytes' time on the unlimited link, divided by the bytes a rank sent.
 * ``b``: the token bucket of the link's ``tc tbf`` (10 ms of its rate, at least 32 KiB;
-  :mod:`sparkdl.testing.netcluster`): it refills while the link idles, during the computing
+  :mod:`benchmarks.netcluster`): it refills while the link idles, during the computing
   part of the ``p`` steps between two collectives (``p = f`` for averaging, else 1), and
   that many bytes then leave at full speed.
 * ``S_p(w)``: waiting for the slowest rank, which a fit with communication off does not
@@ -115,7 +115,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import (
+from benchmarks.report import (
     median_interval,
     paired_ratios,
     print_table,
@@ -196,7 +196,7 @@ def _grid(ranks: int | None) -> None:
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    from sparkdl.testing.netcluster import NetCluster, check_privileges
+    from benchmarks.netcluster import NetCluster, check_privileges
 
     if options.get("cpu_only"):
         return run_cpu_only(options)
@@ -408,7 +408,7 @@ def round_trip_seconds(cluster: Any, src: int, dst: int, count: int = 200) -> fl
 
 def _measure_codec() -> dict[str, float]:
     """Encode and decode seconds of one update of the model's size (encoding benchmark)."""
-    from sparkdl.benchmarks import encoding
+    from benchmarks import encoding
 
     params = num_parameters()
     result = encoding.run({"sizes": [params], "sparsities": [SPARSITY], "repeats": 7})
@@ -458,7 +458,7 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     """Seconds per step of each mode's exchange in this process with a one-rank communicator
     (no communication; one TensorFlow thread, as a worker): its CPU work alone. Alternated;
     also each mode's paired ratio to ``compute`` (the plain train step), when measured, and a
-    95 % interval for that ratio's median (:func:`~sparkdl.benchmarks.report.median_interval`).
+    95 % interval for that ratio's median (:func:`~benchmarks.report.median_interval`).
     Averaging's step is the mean over ``f`` steps, one of which ends with an average
     through the one-rank communicator (the parameters and optimizer state read in place
     through the step's own reads, copied into the result and written back), which one rank
@@ -469,7 +469,7 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     alternated with the rest."""
     import secrets
 
-    from sparkdl.benchmarks.report import alternate_samples
+    from benchmarks.report import alternate_samples
     from sparkdl.comm import create_communicator
     from sparkdl.compression.encoding import threshold_encode
     from sparkdl.compression.threshold import MAX_TAU
@@ -859,7 +859,7 @@ def shm_between_hosts(links: list[dict[str, Any]]) -> bool:
 
 def rank_step_seconds(traces: list[str]) -> list[list[float]]:
     """Each rank's step durations (s) after the first epoch (it traces), from its timeline."""
-    from sparkdl.benchmarks.timeline import load
+    from benchmarks.timeline import load
 
     per_rank = []
     for trace in traces:
@@ -917,7 +917,7 @@ def lockstep_seconds(step_s: float, compute_s: float, cpu: dict[str, float], sha
 def bucket_bytes(rate: str | None) -> float:
     """The token bucket of the harness's ``tc tbf`` at ``rate`` (bytes; 0 when unlimited):
     bytes a link sends at full speed after it idled long enough to refill it."""
-    from sparkdl.testing.netcluster import _tbf, rate_bits_per_s
+    from benchmarks.netcluster import _tbf, rate_bits_per_s
 
     bits = rate_bits_per_s(rate)
     if bits is None:
@@ -973,7 +973,7 @@ def bruck_link_bytes(hosts_of_ranks: list[str], bytes_sent: float) -> float:
 def hops_per_step(mode: str, num_workers: int) -> float:
     """Sequential messages a step waits for (:func:`scaling_model.collective_cost`; averaging
     allreduces every ``f`` steps)."""
-    from sparkdl.benchmarks.scaling_model import collective_cost
+    from benchmarks.scaling_model import collective_cost
 
     if mode == "averaging":
         return 2.0 * (num_workers - 1) / AVERAGING_FREQUENCY

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import print_table
-from sparkdl.benchmarks.training import _write, make_data
+from benchmarks.report import print_table
+from benchmarks.training import _write, make_data
 
 
 def _model(name: str) -> Any:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from sparkdl.benchmarks.report import alternate_samples, paired_ratio, print_table
+from benchmarks.report import alternate_samples, paired_ratio, print_table
 
 
 def _spark() -> Any:

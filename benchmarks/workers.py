@@ -15,7 +15,7 @@ cores than workers the step times include the workers' sharing of the cores; the
 do not depend on it (each fit is deterministic).
 
 ``--harness``: the same fits through Spark on the network-namespace harness instead
-(:mod:`sparkdl.testing.netcluster`, root needed): ``N // 2`` hosts x 2 workers, each host its
+(:mod:`benchmarks.netcluster`, root needed): ``N // 2`` hosts x 2 workers, each host its
 own address, ``/dev/shm`` and share of the cores, 1 Gbit/s links; the shards written by the
 pipelines on that cluster; one flat ring (``cluster.topology: flat``).
 """
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sparkdl.benchmarks.report import print_table
+from benchmarks.report import print_table
 
 MODES = ("dense", "sharing", "sharing_mesh", "powersgd", "powersgd_warmup")
 #: model -> (batch per worker, epochs, Adam's learning rate: the default and mnist confs')
@@ -164,8 +164,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
 def _harness_session(root: str, workers: int) -> Iterator[Any]:
     """A SparkSession on a network-namespace cluster of ``workers // 2`` hosts x 2 workers
     (brought up here, taken down after)."""
-    from sparkdl.benchmarks.scaling import _session
-    from sparkdl.testing.netcluster import NetCluster, check_privileges
+    from benchmarks.netcluster import NetCluster, check_privileges
+    from benchmarks.scaling import _session
 
     if workers < 2 or workers % 2:
         raise ValueError(f"--harness needs an even number of workers, got --ranks {workers}")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.scaling import BATCH, CLASSES, INPUT_DIM, ROWS
+from benchmarks.scaling import BATCH, CLASSES, INPUT_DIM, ROWS
 
 
 def load(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]], dict[tuple[int, int], str]]:
@@ -231,7 +231,7 @@ def write_shards(root: Path, rows: int = ROWS, seed: int = 0) -> str:
 def record(out: Path, mode: str = "sharing", epochs: int = 2) -> list[str]:
     """Fit the scaling model with 2 local workers and a timeline in ``out/trace``; returns the
     per-rank trace URIs."""
-    from sparkdl.benchmarks.scaling import _master, _model
+    from benchmarks.scaling import _master, _model
     from sparkdl.parallel import ParallelWrapper
 
     data = write_shards(out / "data")

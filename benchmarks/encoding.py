@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import alternate, print_table
+from benchmarks.report import alternate, print_table
 from sparkdl.compression.encoding import decode_into, threshold_encode
 
 SIZES = (1_000_000, 10_000_000)

@@ -12,23 +12,23 @@ from importlib import import_module
 from pathlib import Path
 
 SUITES = {
-    "encoding": "sparkdl.benchmarks.encoding",
-    "collectives": "sparkdl.benchmarks.collectives",
-    "training": "sparkdl.benchmarks.training",
-    "reader": "sparkdl.benchmarks.reader",
-    "etl": "sparkdl.benchmarks.etl",
-    "scaling": "sparkdl.benchmarks.scaling",
-    "scaling-model": "sparkdl.benchmarks.scaling_model",
-    "overlap": "sparkdl.benchmarks.overlap",
-    "iteration": "sparkdl.benchmarks.iteration",
-    "workers": "sparkdl.benchmarks.workers",
+    "encoding": "benchmarks.encoding",
+    "collectives": "benchmarks.collectives",
+    "training": "benchmarks.training",
+    "reader": "benchmarks.reader",
+    "etl": "benchmarks.etl",
+    "scaling": "benchmarks.scaling",
+    "scaling-model": "benchmarks.scaling_model",
+    "overlap": "benchmarks.overlap",
+    "iteration": "benchmarks.iteration",
+    "workers": "benchmarks.workers",
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("timeline", "timeline-png"):
-        from sparkdl.benchmarks.timeline import main as timeline_main
+        from benchmarks.timeline import main as timeline_main
 
         return timeline_main(argv)
     parser = argparse.ArgumentParser(prog="jobs/benchmark.py", description=__doc__)

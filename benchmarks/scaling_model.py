@@ -20,7 +20,7 @@ than the matrix; 1-D tensors (biases, normalisation) are summed dense. :func:`po
 computes the sizes from layer shapes only (no compressor, no TensorFlow).
 
 Nothing here imports TensorFlow or Spark; the measured cells are in
-:mod:`sparkdl.benchmarks.scaling`, which uses :func:`collective_cost` for its N-rank terms.
+:mod:`benchmarks.scaling`, which uses :func:`collective_cost` for its N-rank terms.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from sparkdl.benchmarks.report import print_table
+from benchmarks.report import print_table
 
 FLOAT = 4
 MODES = ("dense", "sharing_plain", "sharing_mesh", "powersgd")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import print_table
+from benchmarks.report import print_table
 
 if TYPE_CHECKING:
     from sparkdl.training.summary import FitMetrics

@@ -11,9 +11,9 @@ Fake GPUs come from a resource discovery script.
 
 Command line (needs root or CAP_NET_ADMIN + CAP_SYS_ADMIN)::
 
-    python -m sparkdl.testing.netcluster up --hosts 2 --cores 2 --rate 100mbit [--gpus 2]
-    python -m sparkdl.testing.netcluster status
-    python -m sparkdl.testing.netcluster down
+    python -m benchmarks.netcluster up --hosts 2 --cores 2 --rate 100mbit [--gpus 2]
+    python -m benchmarks.netcluster status
+    python -m benchmarks.netcluster down
 
 From Python::
 
@@ -699,7 +699,7 @@ def _ip(*args: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sparkdl.testing.netcluster", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.netcluster", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--hosts", type=int, default=2)

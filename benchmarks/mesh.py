@@ -1,7 +1,7 @@
 """Ring vs log-depth ("mesh") collectives across hosts: ``jobs/benchmark.py collectives --mesh``.
 
 Every rank is a process (no TensorFlow) alone on its own host of the network-namespace harness
-(:mod:`sparkdl.testing.netcluster`, network only: one namespace, veth and ``tc tbf`` limit per
+(:mod:`benchmarks.netcluster`, network only: one namespace, veth and ``tc tbf`` limit per
 host), so every byte crosses a rate-limited link; shared memory is off. Each process holds one
 :class:`~sparkdl.comm.mesh.MeshCommunicator` and times its ring (``comm.ring``, what
 ``cluster.mesh: plain`` uses) and its log-depth algorithms alternately, on the same sockets,
@@ -10,10 +10,10 @@ at each rate, rank count and message size. Figures per cell: median seconds per 
 worker per collective, and the 1-minute load average beside them. Needs root.
 
 Then, at the same rates, bytes per worker per step against the rank count (2, 4, 8, 16) for
-the three exchanges of the scaling benchmark's model (:mod:`sparkdl.benchmarks.scaling`,
+the three exchanges of the scaling benchmark's model (:mod:`benchmarks.scaling`,
 1.09M parameters): threshold sharing (ring allgather of one message at its target sparsity),
 PowerSGD (ring allreduce of its rank-4 factors and small tensors, sizes from
-:func:`sparkdl.benchmarks.scaling_model.powersgd_floats`) and dense (ring allreduce of the
+:func:`benchmarks.scaling_model.powersgd_floats`) and dense (ring allreduce of the
 float32 gradient), from the communicators' counters (payload plus framing), with their
 time per step.
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import alternate_samples, paired_ratio, print_table
+from benchmarks.report import alternate_samples, paired_ratio, print_table
 
 KB = 1 << 10
 RATES = ("100mbit", "1gbit")
@@ -42,7 +42,7 @@ def _worker(
     conn: Any, rank: int, world: int, address: str, secret: bytes, netns: str, ip: str
 ) -> None:
     try:
-        from sparkdl.testing.netcluster import join_netns
+        from benchmarks.netcluster import join_netns
 
         join_netns(netns)
         from sparkdl.comm import connect_mesh, store_exchange
@@ -105,8 +105,8 @@ def _measure(
 def exchange_bytes() -> dict[str, tuple[str, int]]:
     """Each exchange's collective and payload bytes per step for the scaling benchmark's
     model: sharing's message at its target sparsity, PowerSGD's factors, dense's gradient."""
-    from sparkdl.benchmarks import scaling
-    from sparkdl.benchmarks.scaling_model import powersgd_floats, sharing_message_bytes
+    from benchmarks import scaling
+    from benchmarks.scaling_model import powersgd_floats, sharing_message_bytes
 
     shapes = [(scaling.INPUT_DIM, scaling.HIDDEN), (scaling.HIDDEN,),
               (scaling.HIDDEN, scaling.CLASSES), (scaling.CLASSES,)]
@@ -145,12 +145,12 @@ def bytes_against_ranks(groups: dict[int, Any], rate: str, worlds: tuple[int, ..
 
 
 def calibrate(cells: list[dict[str, Any]], cores: int) -> dict[str, Any] | None:
-    """The collective model's constants (:func:`~sparkdl.benchmarks.scaling_model.
+    """The collective model's constants (:func:`~benchmarks.scaling_model.
     collective_seconds`), from cells it is not checked on: each rate's goodput from the
     2-rank 256 KB ring allgather (one step, bandwidth-bound) and the fixed cost of one step
     from the 4-rank cells of at most 4 KB at the fastest rate (latency-bound), per its
     oversubscription. None without those cells (``--quick``)."""
-    from sparkdl.benchmarks.scaling_model import collective_steps, oversubscription
+    from benchmarks.scaling_model import collective_steps, oversubscription
 
     goodput = {c["rate"]: c["bytes"] / (c["ring_ms"] / 1e3) for c in cells
                if c["world"] == 2 and c["collective"] == "allgather" and c["bytes"] == 256 * KB}
@@ -176,7 +176,7 @@ def check_model(cells: list[dict[str, Any]], calibration: dict[str, Any]) -> dic
     """Add each cell's predicted ring and mesh times and errors; summarise the errors of the
     8- and 16-rank cells (not used to calibrate), over all cells and over what
     ``cluster.mesh: auto`` would run."""
-    from sparkdl.benchmarks.scaling_model import (
+    from benchmarks.scaling_model import (
         collective_seconds,
         collective_steps,
         oversubscription,
@@ -225,9 +225,9 @@ def check_model(cells: list[dict[str, Any]], calibration: dict[str, Any]) -> dic
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """The grid: rates x rank counts x sizes, ring vs mesh, allgather (and allreduce)."""
-    from sparkdl.benchmarks.collectives import _Group
+    from benchmarks.collectives import _Group
+    from benchmarks.netcluster import NetCluster, rate_bits_per_s
     from sparkdl.comm import TcpStoreServer
-    from sparkdl.testing.netcluster import NetCluster, rate_bits_per_s
 
     quick = bool(options.get("quick", False))
     repeats = int(options.get("repeats") or (3 if quick else 5))

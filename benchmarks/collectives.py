@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from sparkdl.benchmarks.report import alternate, print_table
+from benchmarks.report import alternate, print_table
 
 MB = 1 << 20
 ALLREDUCE_SIZES = {"4mb": 4 * MB, "64mb": 64 * MB}
@@ -233,9 +233,9 @@ def _free_ports(n: int) -> list[int]:
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """Run the collectives benchmark; ``options["quick"]`` shortens it; ``options["mesh"]``
-    runs the ring-vs-mesh grid across hosts instead (:mod:`sparkdl.benchmarks.mesh`)."""
+    runs the ring-vs-mesh grid across hosts instead (:mod:`benchmarks.mesh`)."""
     if options.get("mesh"):
-        from sparkdl.benchmarks.mesh import run as run_mesh
+        from benchmarks.mesh import run as run_mesh
 
         return run_mesh(options)
     from sparkdl.comm import TcpStoreServer

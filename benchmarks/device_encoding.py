@@ -1,8 +1,8 @@
 """Host (numpy) vs device (TensorFlow) threshold encoder: timing, and a GPU placement check.
 
-    python -m sparkdl.benchmarks.device_encoding bench
+    python -m benchmarks.device_encoding bench
     #   encode time at sparsity ~1e-3
-    python -m sparkdl.benchmarks.device_encoding gpu-check
+    python -m benchmarks.device_encoding gpu-check
     #   needs a GPU; exits non-zero on failure
 
 ``gpu-check`` trains a tiny model for a few steps with ``encoder="auto"`` on a GPU and

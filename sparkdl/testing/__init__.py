@@ -1,1 +1,0 @@
-"""Test and benchmark infrastructure shipped with sparkdl (a multi-host cluster on one machine)."""
