@@ -78,7 +78,7 @@ def _generate(spark: Any, path: str, rows: int) -> None:
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """Run the 1M-row CSV ETL benchmark; print a table and return the figures."""
-    from pipelines import get_pipeline
+    from sparkdl.pipelines import get_pipeline
 
     quick = bool(options.get("quick", False))
     rows = int(options.get("rows", 200_000 if quick else 1_000_000))

@@ -25,7 +25,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     seeds = (1,) if quick else (1, 2, 3)
     epochs = 3 if quick else 8
 
-    from pipelines import digits
+    from sparkdl.pipelines import digits
     from sparkdl.session import get_spark
 
     spark = get_spark()

@@ -66,8 +66,8 @@ def _make_idx(root: str, rows: int) -> None:
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """Run the reader benchmark; print a table and return the figures."""
-    from pipelines import get_pipeline
     from sparkdl.data import ShardReader, WorkerSlice, iter_batches, read_metadata
+    from sparkdl.pipelines import get_pipeline
 
     quick = bool(options.get("quick", False))
     rows = int(options.get("rows", 8_000 if quick else 24_000))

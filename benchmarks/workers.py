@@ -4,9 +4,9 @@ Issue 22 asks whether mesh sharing and PowerSGD keep dense's accuracy at 8 worke
 digits MLP and for LeNet. Each model is fitted by ``N`` local worker processes
 (:class:`~sparkdl.parallel.ParallelWrapper`: the Spark barrier task's worker loop without
 Spark, one TensorFlow thread each, loopback TCP) from shards the real ETL pipelines write
-(``pipelines/digits.py``; ``pipelines/mnist.py`` on the shipped MNIST-format sample, digits
-upscaled to 28x28), with the same seed, batch and epochs in every mode: dense allreduce,
-threshold sharing on the ring (``cluster.mesh: plain``) and on the log-depth collectives
+(``sparkdl/pipelines/digits.py``; ``sparkdl/pipelines/mnist.py`` on the shipped MNIST-format
+sample, digits upscaled to 28x28), with the same seed, batch and epochs in every mode: dense
+allreduce, threshold sharing on the ring (``cluster.mesh: plain``) and on the log-depth collectives
 (``mesh``), and PowerSGD (rank 4), from the first step and after one epoch of dense
 steps (``start_step``, the warm-up PyTorch's ``powerSGD_hook`` recommends). Printed per
 fit: the test accuracy and its difference to dense in percentage points, the steady step
@@ -40,11 +40,11 @@ HARNESS_RATE = "1gbit"
 
 def _shards(spark: Any, root: str, model: str) -> dict[str, Any]:
     if model == "mlp":
-        from pipelines import digits
+        from sparkdl.pipelines import digits
 
         return digits.run(spark, f"file://{root}/digits")
-    from pipelines import mnist
     from sparkdl.etl.samples import write_mnist_sample
+    from sparkdl.pipelines import mnist
 
     idx = write_mnist_sample(f"{root}/idx")
     return mnist.run(spark, f"file://{root}/mnist", path=idx, num_files=4, rows_per_group=64)

@@ -31,7 +31,7 @@ print("Spark", spark.version, "| master", spark.conf.get("spark.master", "?"), "
 
 # COMMAND ----------
 
-from pipelines import digits
+from sparkdl.pipelines import digits
 
 shards = digits.run(spark, f"file://{root}/data", overwrite=True)
 print(shards)

@@ -46,7 +46,7 @@ from pyspark.ml.util import (
 from sparkdl.config import TrainingConfig, describe_validation_error
 from sparkdl.data.metadata import join, resolve
 from sparkdl.errors import ConfigurationError
-from sparkdl.run_layout import MODEL_FILE
+from sparkdl.run_output import MODEL_FILE
 from sparkdl.storage import move_dir
 
 if TYPE_CHECKING:

@@ -99,8 +99,8 @@ def check_cluster(config: JobConfig) -> None:
 
 def check_pipeline(config: JobConfig) -> None:
     """The pipeline exists and takes every ``data.options`` key; common values are valid."""
-    from pipelines import PIPELINES, get_pipeline
-    from pipelines._common import check_common, option
+    from sparkdl.pipelines import PIPELINES, get_pipeline
+    from sparkdl.pipelines.common import check_common, option
 
     name = config.data.pipeline
     known = _option_names(get_pipeline(name))

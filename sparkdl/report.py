@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.errors import DataError
-from sparkdl.run_layout import EVALUATION_FILE, METRICS_FILE, REPORT_FILE
+from sparkdl.run_output import EVALUATION_FILE, METRICS_FILE, REPORT_FILE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

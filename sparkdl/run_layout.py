@@ -33,19 +33,6 @@ if TYPE_CHECKING:
     from sparkdl.run_output import RunOutput
     from sparkdl.training.checkpoint import CheckpointStore
 
-# The outputs (output_dir) -------------------------------------------------------------------
-#: The trained Keras model (also inside a checkpoint and a saved ``KerasModel``).
-MODEL_FILE = "model.keras"
-#: The job's figures: the fit's metrics (``FitMetrics.to_json()``), then the evaluation's.
-METRICS_FILE = "metrics.json"
-EVALUATION_FILE = "evaluation.json"
-REPORT_FILE = "report.html"
-HISTORY_FILE = "history.csv"
-PREDICTIONS_DIR = "predictions"
-PREDICTIONS_MARKER = "_sparkdl_predictions.json"
-SAVEDMODEL_DIR = "savedmodel"
-SAVEDMODEL_MARKER = "saved_model.pb"  # what TF Serving looks for
-
 # The shards (data_dir) ----------------------------------------------------------------------
 TRAIN_SHARDS = "train"
 TEST_SHARDS = "test"

@@ -39,6 +39,20 @@ from sparkdl.storage import (
 
 STAGING_PREFIX = ".sparkdl-staging-"
 
+# The outputs (output_dir) -------------------------------------------------------------------
+#: The trained Keras model (also inside a checkpoint and a saved ``KerasModel``).
+MODEL_FILE = "model.keras"
+#: The job's figures: the fit's metrics (``FitMetrics.to_json()``), then the evaluation's.
+METRICS_FILE = "metrics.json"
+EVALUATION_FILE = "evaluation.json"
+REPORT_FILE = "report.html"
+HISTORY_FILE = "history.csv"
+PREDICTIONS_DIR = "predictions"
+PREDICTIONS_MARKER = "_sparkdl_predictions.json"
+SAVEDMODEL_DIR = "savedmodel"
+SAVEDMODEL_MARKER = "saved_model.pb"  # what TF Serving looks for
+
+
 
 class RunOutput:
     """``output.dir`` as a local directory :attr:`dir`, published to :attr:`uri` if remote."""

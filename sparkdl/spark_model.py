@@ -172,7 +172,7 @@ class SparkModel(KerasFit):
         from sparkdl.data.store import fingerprint
         from sparkdl.data.writer import write_shards
         from sparkdl.run_layout import RunLayout
-        from sparkdl.spark.session import master
+        from sparkdl.session import master
 
         run_store = RunLayout(store_dir=store).run_store(keep=keep_shards)
         run_store.check_reachable(master(self.spark))
@@ -208,7 +208,7 @@ class SparkModel(KerasFit):
         return ChannelSettings(self.cluster.timeout_s, parse_port_range(self.cluster.port_range))
 
     def _task_cpus(self) -> int:
-        from sparkdl.spark.session import task_cpus
+        from sparkdl.session import task_cpus
 
         return task_cpus(self.spark)
 
@@ -225,14 +225,29 @@ class SparkModel(KerasFit):
         store: str | None = None,
         keep_shards: bool = False,
     ) -> Any:
-        """Evaluate on a shard directory or a DataFrame, on the executors, in one pass
-        (:func:`sparkdl.spark.inference.evaluate`)."""
+        """Evaluate on a shard directory or a DataFrame, on the executors, in one pass.
+
+        Args:
+            data: the shard directory, or a DataFrame whose labels are read as in ``fit``
+                (string labels map to the classes ``fit`` saw); its shards go to the run
+                store ``store`` (kept with ``keep_shards``).
+            batch_size: rows per prediction batch.
+            evaluations: ``None`` for the default evaluation of the labels (an
+                :class:`~sparkdl.evaluation.Evaluation` for classes, a
+                :class:`~sparkdl.evaluation.RegressionEvaluation` for regression targets),
+                returned alone. Or a list of evaluations and/or registered names
+                (``["classification", "roc", "top_n:5"]``): all are computed in the same pass
+                and returned merged, as a list in the same order. For shards with several
+                outputs, a dict of such lists by output name (a missing output gets its
+                default); the result is then a dict by output name.
+            features_col, label_col: the DataFrame's columns (as in ``fit``).
+        """
         from sparkdl.spark import inference
 
-        return inference.evaluate(
-            self, data, batch_size, evaluations=evaluations, features_col=features_col,
-            label_col=label_col, store=store, keep_shards=keep_shards,
-        )
+        if _is_dataframe(data):
+            data = self._shards_of(data, features_col, label_col, None, store, keep_shards,
+                                   what="evaluate()")
+        return inference.evaluate(self, data, batch_size, evaluations=evaluations)
 
     def predict(
         self,

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from sparkdl.config import JobConfig
 from sparkdl.errors import DataError
 from sparkdl.report import write_history_csv, write_report
-from sparkdl.run_layout import (
+from sparkdl.run_layout import RunLayout
+from sparkdl.run_output import (
     EVALUATION_FILE,
     HISTORY_FILE,
     METRICS_FILE,
@@ -26,9 +27,8 @@ from sparkdl.run_layout import (
     REPORT_FILE,
     SAVEDMODEL_DIR,
     SAVEDMODEL_MARKER,
-    RunLayout,
+    RunOutput,
 )
-from sparkdl.run_output import RunOutput
 from sparkdl.storage import (
     as_uri,
     atomic_path,
@@ -79,7 +79,7 @@ def validation_uri(config: JobConfig) -> str | None:
 
 def run_etl(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
     """Run the configured pipeline: raw data → train/test DataSet shards."""
-    from pipelines import get_pipeline
+    from sparkdl.pipelines import get_pipeline
 
     pipeline = get_pipeline(config.data.pipeline)
     options = dict(config.data.options)

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sparkdl.errors import ConfigurationError, DataError, SparkDLError
-from sparkdl.run_layout import EVALUATION_FILE, HISTORY_FILE, METRICS_FILE, REPORT_FILE
+from sparkdl.run_output import EVALUATION_FILE, HISTORY_FILE, METRICS_FILE, REPORT_FILE
 
 #: Files of a run directory logged as artifacts when present.
 RUN_FILES = (METRICS_FILE, EVALUATION_FILE, REPORT_FILE, HISTORY_FILE)

@@ -49,7 +49,7 @@ def spark() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def digits_shards(spark, tmp_path_factory) -> dict:
     """Digits train/test shards written once per test session by the real ETL pipeline."""
-    from pipelines import digits
+    from sparkdl.pipelines import digits
 
     out = tmp_path_factory.mktemp("digits")
     return digits.run(spark, out.as_uri() + "/data")

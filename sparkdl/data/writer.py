@@ -371,7 +371,7 @@ def write_shards(
                 f"label_shape {label_shape} does not match the label length {label_len}"
             )
     if num_files is None:
-        from sparkdl.spark.session import default_parallelism
+        from sparkdl.session import default_parallelism
 
         parallelism = default_parallelism(df.sparkSession)
         num_files = max(1, min(parallelism, math.ceil(rows / rows_per_group)))

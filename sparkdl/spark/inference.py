@@ -23,6 +23,7 @@ from sparkdl.spark.predict_multi import (
     output_kinds,
     predict_multi,
 )
+from sparkdl.spark.task_model import load_task_model
 from sparkdl.storage import apply_environment, s3_environment, spark_uri
 from sparkdl.training.model_check import check_model_fits_shards
 
@@ -32,45 +33,22 @@ if TYPE_CHECKING:
 
     from sparkdl.data.frames import FeaturesCol
     from sparkdl.etl.normalizers import Normalizer
-    from sparkdl.spark_model import SparkModel
+    from sparkdl.spark.task_model import FittedModel
 
 
 def evaluate(
-    spark_model: SparkModel,
-    data: str | DataFrame,
+    spark_model: FittedModel,
+    data: str,
     batch_size: int = 256,
     *,
     evaluations: EvaluationRequest | None = None,
-    features_col: FeaturesCol = "features",
-    label_col: str = "label",
-    store: str | None = None,
-    keep_shards: bool = False,
 ) -> Any:
-    """Evaluate the current model on a shard directory or a DataFrame, on the executors,
-    in one pass.
-
-    Args:
-        data: the shard directory, or a DataFrame whose labels are read as in ``fit``
-            (string labels map to the classes ``fit`` saw); its shards go to the run
-            store ``store`` (kept with ``keep_shards``).
-        batch_size: rows per prediction batch.
-        evaluations: ``None`` for the default evaluation of the labels (an
-            :class:`~sparkdl.evaluation.Evaluation` for classes, a
-            :class:`~sparkdl.evaluation.RegressionEvaluation` for regression targets),
-            returned alone. Or a list of evaluations and/or registered names
-            (``["classification", "roc", "top_n:5"]``): all are computed in the same pass
-            and returned merged, as a list in the same order. For shards with several
-            outputs, a dict of such lists by output name (a missing output gets its
-            default); the result is then a dict by output name.
-        features_col, label_col: the DataFrame's columns (as in ``fit``).
-    """
-    from sparkdl.spark.session import default_parallelism, task_cpus
+    """Evaluate ``spark_model``'s model on the shard directory ``data``, on the executors, in
+    one pass (:meth:`sparkdl.SparkModel.evaluate` says what ``evaluations`` may be)."""
+    from sparkdl.session import default_parallelism, task_cpus
     from sparkdl.training.serialization import model_to_bytes
 
-    if _is_dataframe(data):
-        data = spark_model._shards_of(data, features_col, label_col, None, store, keep_shards,
-                                      what="evaluate()")
-    elif not isinstance(data, str):
+    if not isinstance(data, str):
         raise ConfigurationError(
             "evaluate() takes a Spark DataFrame or the URI of a shard directory (str), "
             f"got {type(data).__name__}"
@@ -96,7 +74,7 @@ def evaluate(
         parts = {key: [evaluation_from_dict(d) for d in values]
                  for key, values in templates.items()}
         if paths:
-            model = _load_task_model(model_bytes, custom_objects, threads)
+            model = load_task_model(model_bytes, custom_objects, threads)
             for x, y, *_ in iter_batches(data_uri, paths, batch_size):  # rows unweighted
                 outputs = by_output(model, model.predict_on_batch(x), y)
                 for key, values in parts.items():
@@ -122,7 +100,7 @@ def evaluate(
 
 
 def predict(
-    spark_model: SparkModel,
+    spark_model: FittedModel,
     data: str | DataFrame,
     batch_size: int = 256,
     *,
@@ -227,7 +205,7 @@ def _no_normalizer(norm_config: dict[str, Any] | None) -> None:
 
 
 def scores_udf(
-    spark_model: SparkModel, feature_shape: Sequence[int], batch_size: int,
+    spark_model: FittedModel, feature_shape: Sequence[int], batch_size: int,
     norm_config: dict[str, Any] | None,
 ) -> Any:
     """A pandas UDF: ``array<float>`` features → the model's output vector, on executors."""
@@ -236,7 +214,7 @@ def scores_udf(
     from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
 
     from sparkdl.etl.normalizers import normalizer_from_config
-    from sparkdl.spark.session import task_cpus
+    from sparkdl.session import task_cpus
     from sparkdl.training.serialization import model_to_bytes
 
     model_bytes = model_to_bytes(spark_model.model)
@@ -246,7 +224,7 @@ def scores_udf(
 
     def predict_scores(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
         apply_environment(environment)
-        model = _load_task_model(model_bytes, custom_objects, threads)
+        model = load_task_model(model_bytes, custom_objects, threads)
         norm = normalizer_from_config(norm_config) if norm_config else None
         for features in batches:
             if len(features) == 0:
@@ -301,23 +279,6 @@ def normalizer_config(
 
 # Runs inside Spark tasks ------------------------------------------------------------------
 
-_TASK_MODELS: dict[int, Any] = {}
-
-
-def _load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> Any:
-    """Load the shipped model once per Python worker process."""
-    from sparkdl.gpu import pin_gpus, task_gpu_addresses
-
-    pin_gpus(task_gpu_addresses(), role="model")  # before anything imports TensorFlow
-    from sparkdl.training.serialization import model_from_bytes
-    from sparkdl.training.worker import configure_tensorflow
-
-    key = hash(model_bytes)
-    if key not in _TASK_MODELS:
-        configure_tensorflow(threads)
-        _TASK_MODELS.clear()
-        _TASK_MODELS[key] = model_from_bytes(model_bytes, custom_objects)
-    return _TASK_MODELS[key]
 
 
 def _is_dataframe(data: Any) -> TypeGuard[DataFrame]:

@@ -19,11 +19,12 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+from sparkdl import session
 from sparkdl.errors import ConfigurationError, TrainingError
-from sparkdl.spark import session
 from sparkdl.spark.attempts import AttemptLog, short, stage_error
 from sparkdl.spark.task import RESULT_SCHEMA, training_function
-from sparkdl.training.elastic import ElasticEvent, ElasticPolicy, replan
+from sparkdl.training.elastic import ElasticEvent, ElasticPolicy
+from sparkdl.training.worker import replan
 
 if TYPE_CHECKING:
     from pyspark.resource import ResourceProfile

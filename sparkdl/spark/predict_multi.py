@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from sparkdl.data.metadata import ShardMetadata
-    from sparkdl.spark_model import SparkModel
+    from sparkdl.spark.task_model import FittedModel
 
 
 def is_multi_model(model: Any) -> bool:
@@ -119,7 +119,7 @@ def dataframe_inputs(
 
 
 def predict_multi(
-    spark_model: SparkModel,
+    spark_model: FittedModel,
     df: DataFrame,
     inputs: list[tuple[str, Column, list[int]]],
     kinds: dict[str, str],
@@ -170,7 +170,7 @@ def _width(tensor: Any) -> int:
 
 
 def _scores_udf(
-    spark_model: SparkModel, inputs: list[tuple[str, list[int]]], outputs: list[str],
+    spark_model: FittedModel, inputs: list[tuple[str, list[int]]], outputs: list[str],
     batch_size: int,
 ) -> Any:
     """A pandas UDF: one ``array<float>`` column per input → a struct of the outputs' values
@@ -179,8 +179,8 @@ def _scores_udf(
     import pandas as pd
     from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
 
-    from sparkdl.spark.inference import _load_task_model
-    from sparkdl.spark.session import task_cpus
+    from sparkdl.session import task_cpus
+    from sparkdl.spark.task_model import load_task_model
     from sparkdl.storage import apply_environment, s3_environment
     from sparkdl.training.serialization import model_to_bytes
 
@@ -191,7 +191,7 @@ def _scores_udf(
 
     def predict_scores(batches: Iterator[tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
         apply_environment(environment)
-        model = _load_task_model(model_bytes, custom_objects, threads)
+        model = load_task_model(model_bytes, custom_objects, threads)
         for columns in batches:
             rows = len(columns[0])
             values: list[list[np.ndarray]] = [[] for _ in outputs]

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from sparkdl.errors import ConfigurationError, DataError, TrainingError
-from sparkdl.run_layout import MODEL_FILE
+from sparkdl.run_output import MODEL_FILE
 from sparkdl.storage import move_dir, renames_atomically, resolve, temporary_name, write_bytes
 
 log = logging.getLogger("sparkdl.training")

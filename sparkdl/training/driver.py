@@ -130,7 +130,7 @@ def run_fit(
         result.model_bytes = None
     steps_per_epoch = spec.steps_per_epoch
     if len(results) != len(spec.slices):  # an elastic fit ended with another world size
-        from sparkdl.training.elastic import replan
+        from sparkdl.training.worker import replan
 
         steps_per_epoch = replan(spec, len(results)).steps_per_epoch
     history.metrics = summarize_fit(results, master, steps_per_epoch, wall)

@@ -5,27 +5,25 @@ the workers still available (at least ``min_workers``); the new world resumes fr
 latest checkpoint. This module holds what that needs, Spark-free:
 
 * :class:`ElasticPolicy` — ``min_workers`` and ``max_failures`` (``training.elastic``);
-* :func:`replan` — the worker spec for a new world size (shard slices re-planned);
 * :func:`absorbed_ranks` / :func:`fold_states` — how the old ranks' saved exchange states
   map onto the new ranks: new rank ``i`` keeps old rank ``i``'s own state (optimizer
   variables, threshold) and adds to its residual the residuals of the old ranks
   ``j >= new_world`` with ``j % new_world == i``, so the sum of all residuals (the update
   accumulated but not sent yet) is preserved and no update is lost;
 * :func:`resume_step` — where an epoch interrupted mid-way continues under the new plan.
+
+The worker spec for a new world size is :func:`sparkdl.training.worker.replan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from sparkdl.training.worker import WorkerSpec
 
 #: The state keys that hold an error-feedback residual (``Memory.get_state()["residual"]``
 #: under the exchange's and compressor's prefixes); every other key is per-rank state that
@@ -69,20 +67,6 @@ class ElasticEvent:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def replan(spec: WorkerSpec, world: int) -> WorkerSpec:
-    """``spec`` for ``world`` workers: the shard slices and steps per epoch re-planned, the
-    master's ``num_workers`` updated."""
-    from sparkdl.data.metadata import ShardMetadata
-    from sparkdl.data.reader import plan_slices
-
-    master_config = {**spec.master_config, "num_workers": world}
-    metadata = ShardMetadata.from_json(spec.metadata_json)
-    slices, steps_per_epoch = plan_slices(metadata, world, spec.master.batch_size_per_worker)
-    return dataclasses.replace(
-        spec, slices=slices, steps_per_epoch=steps_per_epoch, master_config=master_config
-    )
 
 
 def absorbed_ranks(rank: int, old_world: int, new_world: int) -> list[int]:

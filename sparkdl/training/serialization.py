@@ -17,7 +17,7 @@ from typing import Any
 
 import keras
 
-from sparkdl.run_layout import MODEL_FILE
+from sparkdl.run_output import MODEL_FILE
 
 try:
     from keras.src.saving import saving_lib as _saving_lib

@@ -7,6 +7,7 @@ module imports no TensorFlow: :func:`configure_tensorflow` must run first in a t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -105,6 +106,20 @@ class WorkerSpec:
         from sparkdl.training.masters import master_from_config
 
         return master_from_config(self.master_config)
+
+
+def replan(spec: WorkerSpec, world: int) -> WorkerSpec:
+    """``spec`` for ``world`` workers: the shard slices and steps per epoch re-planned, the
+    master's ``num_workers`` updated."""
+    from sparkdl.data.metadata import ShardMetadata
+    from sparkdl.data.reader import plan_slices
+
+    master_config = {**spec.master_config, "num_workers": world}
+    metadata = ShardMetadata.from_json(spec.metadata_json)
+    slices, steps_per_epoch = plan_slices(metadata, world, spec.master.batch_size_per_worker)
+    return dataclasses.replace(
+        spec, slices=slices, steps_per_epoch=steps_per_epoch, master_config=master_config
+    )
 
 
 def make_worker_spec(
@@ -497,8 +512,6 @@ def _saved_states(
 def _replanned_position(start: TrainingState, steps_per_epoch: int) -> TrainingState:
     """``start`` under a plan of ``steps_per_epoch`` (an elastic relaunch with another world
     size): the same epoch, the same fraction of it, the global step counted anew."""
-    import dataclasses
-
     from sparkdl.training.elastic import resume_step
 
     step = resume_step(start.step_in_epoch, start.steps_per_epoch, steps_per_epoch)

@@ -28,7 +28,7 @@ def connect() -> Iterator[object]:
                .config("spark.connect.grpc.binding.port", "0")
                .config("spark.stage.maxConsecutiveAttempts", "2")
                .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-    from sparkdl.spark.session import is_connect
+    from sparkdl.session import is_connect
 
     assert is_connect(session), type(session)
     yield session

@@ -86,7 +86,7 @@ def _csv(tmp_path: Path, lines: list[str], header: str = "x0,x1,label") -> str:
 
 
 def _run_csv(spark, tmp_path: Path, path: str, label: str = "string", **kw):
-    from pipelines import get_pipeline
+    from sparkdl.pipelines import get_pipeline
 
     steps = [{"op": "assemble", "features": ["x0", "x1"], "label": "label"}]
     if label == "string":

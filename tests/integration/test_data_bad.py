@@ -92,7 +92,7 @@ def _csv(tmp_path: Path, lines: list[str]) -> str:
 
 
 def _run_csv(spark, tmp_path: Path, path: str, **kw):
-    from pipelines import get_pipeline
+    from sparkdl.pipelines import get_pipeline
 
     options = {
         "path": path, "header": True, "columns": {"x0": "double", "x1": "double",
@@ -146,7 +146,7 @@ def test_csv_row_with_wrong_number_of_fields(spark, tmp_path: Path) -> None:
 def test_image_that_does_not_decode_leaves_nothing(spark, tmp_path: Path) -> None:
     from _etl_fixtures import write_image_folder
 
-    from pipelines import get_pipeline
+    from sparkdl.pipelines import get_pipeline
 
     write_image_folder(tmp_path / "img", per_class=3)
     (tmp_path / "img" / "blue" / "x.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")

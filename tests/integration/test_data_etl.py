@@ -92,7 +92,7 @@ def test_split_deterministic(spark) -> None:
 
 
 def test_digits_pipeline(spark, tmp_path: Path) -> None:
-    from pipelines import get_pipeline
+    from sparkdl.pipelines import get_pipeline
 
     with pytest.raises(ConfigurationError, match="unknown pipeline 'petastorm'; known pipelines: "
                        "csv, digits, digits_split, images, iris, mnist"):

@@ -116,10 +116,10 @@ def test_sharing_matches_dense_accuracy_on_the_digits_mlp(spark, digits_shards, 
 def test_sharing_matches_dense_accuracy_on_the_lenet_conf(spark, tmp_path):
     import keras
 
-    from pipelines import mnist
     from sparkdl.config import load_config
     from sparkdl.etl.samples import write_mnist_sample
     from sparkdl.models import build_model
+    from sparkdl.pipelines import mnist
 
     conf = load_config(REPO / "conf" / "mnist.yaml")
     assert conf.model.name == "lenet" and conf.training.mode == "sharing"

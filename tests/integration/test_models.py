@@ -30,7 +30,7 @@ def _trained_identically(fit) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow  # the mnist ETL plus LeNet on 2 cores: about 2 minutes
 def test_lenet_of_the_mnist_conf_trains_on_idx_data(spark, tmp_path):
-    from pipelines import mnist
+    from sparkdl.pipelines import mnist
 
     conf = load_config(REPO / "conf" / "mnist.yaml")
     assert conf.model.name == "lenet"

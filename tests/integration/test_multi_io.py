@@ -18,7 +18,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def split_shards(spark, tmp_path_factory) -> dict:
-    from pipelines import digits_split
+    from sparkdl.pipelines import digits_split
 
     out = tmp_path_factory.mktemp("digits_split")
     return digits_split.run(spark, out.as_uri() + "/data", num_workers=2, rows_per_group=32)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from _etl_fixtures import digits_28, write_image_folder, write_mnist
 
-from pipelines import PIPELINES, get_pipeline
 from sparkdl.data import read_all, read_metadata
 from sparkdl.errors import ConfigurationError
 from sparkdl.etl.normalizers import normalizer_from_config
 from sparkdl.etl.transform import TransformProcess
+from sparkdl.pipelines import PIPELINES, get_pipeline
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.spark
 
 _SCRIPT = """
 from sparkdl.session import get_spark
-from sparkdl.spark.session import default_parallelism
+from sparkdl.session import default_parallelism
 spark = get_spark()
 print("rows", spark.range(5).count())
 print("parallelism as the context says:",

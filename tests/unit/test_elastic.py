@@ -19,10 +19,9 @@ from sparkdl.training.elastic import (
     ElasticPolicy,
     absorbed_ranks,
     fold_states,
-    replan,
     resume_step,
 )
-from sparkdl.training.worker import WorkerSpec
+from sparkdl.training.worker import WorkerSpec, replan
 
 SIZE = 1000
 

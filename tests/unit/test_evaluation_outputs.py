@@ -74,10 +74,10 @@ def test_evaluation_section_of_the_configuration():
 
 
 def test_evaluation_plan_per_output_and_its_errors():
-    from pipelines.digits_split import INPUTS, OUTPUTS
     from sparkdl.data.metadata import ShardFile, ShardMetadata, packed_metadata_fields
     from sparkdl.errors import DataError
     from sparkdl.evaluation.plan import by_output, evaluation_plan
+    from sparkdl.pipelines.digits_split import INPUTS, OUTPUTS
 
     meta = ShardMetadata(format_version=2, num_rows=1, files=[ShardFile("p", 1, [1])],
                          **packed_metadata_fields(INPUTS, OUTPUTS))

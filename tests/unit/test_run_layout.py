@@ -9,7 +9,8 @@ import pytest
 from sparkdl import storage
 from sparkdl.config import JobConfig
 from sparkdl.errors import ConfigurationError
-from sparkdl.run_layout import ATTEMPTS_DIR, MODEL_FILE, RunLayout
+from sparkdl.run_layout import ATTEMPTS_DIR, RunLayout
+from sparkdl.run_output import MODEL_FILE
 
 
 def _config(tmp_path: Path, **training: object) -> JobConfig:

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from sparkdl.session import cores_from_settings, executors_from_settings
 from sparkdl.spark.attempts import AttemptLog, TaskFailure, stage_error
-from sparkdl.spark.session import cores_from_settings, executors_from_settings
 
 
 @pytest.mark.parametrize(("master", "settings", "cores", "executors"), [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipelines import csvfile
+from sparkdl.pipelines import csvfile
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
-from pipelines._common import check_common, no_unknown, option, write_splits
 from sparkdl.data.metadata import resolve
 from sparkdl.errors import ConfigurationError, DataError
 from sparkdl.etl.readers.idx import read_idx
 from sparkdl.etl.transform import Assemble, TransformProcess
+from sparkdl.pipelines.common import check_common, no_unknown, option, write_splits
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

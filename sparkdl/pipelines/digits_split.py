@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipelines._common import _remove, check_common, no_unknown, option, split
 from sparkdl.data.metadata import TensorSpec
 from sparkdl.data.writer import write_shards
 from sparkdl.etl.samples import DIGITS_CLASSES, load_digits_df
+from sparkdl.pipelines.common import _remove, check_common, no_unknown, option, split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipelines._common import (
+from sparkdl.data.spark_errors import spark_data_errors
+from sparkdl.errors import ConfigurationError, DataError
+from sparkdl.etl.analysis import analyze, write_analysis
+from sparkdl.etl.readers.csv import read_csv
+from sparkdl.etl.transform import TransformProcess
+from sparkdl.pipelines.common import (
     check_common,
     feature_shape_of,
     no_unknown,
@@ -21,11 +26,6 @@ from pipelines._common import (
     split,
     write_splits,
 )
-from sparkdl.data.spark_errors import spark_data_errors
-from sparkdl.errors import ConfigurationError, DataError
-from sparkdl.etl.analysis import analyze, write_analysis
-from sparkdl.etl.readers.csv import read_csv
-from sparkdl.etl.transform import TransformProcess
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipelines._common import check_common, no_unknown, option, split, write_splits
 from sparkdl.data.spark_errors import spark_data_errors
 from sparkdl.errors import ConfigurationError
 from sparkdl.etl.readers.images import read_images
 from sparkdl.etl.transform import Assemble, CategoricalToInteger, TransformProcess
+from sparkdl.pipelines.common import check_common, no_unknown, option, split, write_splits
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

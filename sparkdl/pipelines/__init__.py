@@ -9,12 +9,12 @@ from typing import Any
 from sparkdl.errors import ConfigurationError
 
 PIPELINES: dict[str, str] = {
-    "digits": "pipelines.digits:run",
-    "digits_split": "pipelines.digits_split:run",
-    "iris": "pipelines.iris:run",
-    "mnist": "pipelines.mnist:run",
-    "csv": "pipelines.csvfile:run",
-    "images": "pipelines.images:run",
+    "digits": "sparkdl.pipelines.digits:run",
+    "digits_split": "sparkdl.pipelines.digits_split:run",
+    "iris": "sparkdl.pipelines.iris:run",
+    "mnist": "sparkdl.pipelines.mnist:run",
+    "csv": "sparkdl.pipelines.csvfile:run",
+    "images": "sparkdl.pipelines.images:run",
 }
 
 
