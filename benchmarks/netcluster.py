@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkdl.comm.network import split_host_port
 from sparkdl.cpus import plan_cores
 from sparkdl.errors import SparkDLError
 
@@ -354,8 +355,7 @@ class NetCluster:
         cluster.hosts = [Host(**h) for h in hosts]
         cluster.master_pid = state.get("master_pid")
         master = state["master_url"].removeprefix("spark://")
-        cluster.master_ip, port = master.rsplit(":", 1)
-        cluster.master_port = int(port)
+        cluster.master_ip, cluster.master_port = split_host_port(master)
         return cluster
 
     def status(self) -> dict[str, Any]:
@@ -385,18 +385,45 @@ class NetCluster:
             "c.sendall(data);c.recv(1)\n"
             "print(time.perf_counter()-t)\n"
         )
-        rx = self.popen(dst, [sys.executable, "-c", receiver], stdout=subprocess.PIPE, text=True)
+        return self._probe(src, dst, receiver, sender, "receiver")
+
+    def round_trip_seconds(self, src: int, dst: int, count: int = 200) -> float:
+        """Median round trip of a 64-byte message on one TCP connection from host ``src`` to
+        host ``dst`` and back (ping-pong, ``TCP_NODELAY``)."""
+        port = 47100 + dst
+        echo = (
+            "import socket\n"
+            f"s=socket.create_server(('{self.hosts[dst].ip}',{port}));s.settimeout(60)\n"
+            "print('ready',flush=True)\n"
+            "c,_=s.accept();c.settimeout(60)\n"
+            "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
+            "while True:\n"
+            "    b=c.recv(64)\n"
+            "    if not b: break\n"
+            "    c.sendall(b)\n"
+        )
+        ping = (
+            "import socket,statistics,time\n"
+            f"c=socket.create_connection(('{self.hosts[dst].ip}',{port}),timeout=60)\n"
+            "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
+            "t=[]\n"
+            f"for _ in range({count}):\n"
+            "    a=time.perf_counter();c.sendall(bytes(64));n=0\n"
+            "    while n<64: n+=len(c.recv(64-n))\n"
+            "    t.append(time.perf_counter()-a)\n"
+            "print(statistics.median(t))\n"
+        )
+        return self._probe(src, dst, echo, ping, "echo server")
+
+    def _probe(self, src: int, dst: int, server: str, client: str, what: str) -> float:
+        """Run the Python ``server`` on host ``dst`` until it prints ``ready``, then the
+        ``client`` on host ``src``; the float the client prints (both bounded in time)."""
+        rx = self.popen(dst, [sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
         try:
             if rx.stdout is None or rx.stdout.readline().strip() != "ready":
-                raise NetClusterError(f"the receiver on host {dst} did not start")
-            out = self.exec(
-                src,
-                [sys.executable, "-c", sender],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=120,
-            )
+                raise NetClusterError(f"the {what} on host {dst} did not start")
+            out = self.exec(src, [sys.executable, "-c", client], capture_output=True,
+                            text=True, check=True, timeout=120)
             return float(out.stdout.strip())
         finally:
             with contextlib.suppress(subprocess.TimeoutExpired):

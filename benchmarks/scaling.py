@@ -359,51 +359,8 @@ def _measure_link(cluster: Any, rate: str | None) -> dict[str, float]:
     cluster.set_rate(rate)
     nbytes = 4 << 20 if rate == "100mbit" else 32 << 20
     transfer = statistics.median(cluster.transfer_seconds(0, 1, nbytes) for _ in range(3))
-    latency = round_trip_seconds(cluster, 0, 1) / 2
+    latency = cluster.round_trip_seconds(0, 1) / 2
     return {"bytes_per_s": nbytes / max(transfer - 2 * latency, 1e-9), "latency_s": latency}
-
-
-def round_trip_seconds(cluster: Any, src: int, dst: int, count: int = 200) -> float:
-    """Median round trip of a 64-byte message on one TCP connection from host ``src`` to
-    host ``dst`` and back (ping-pong, ``TCP_NODELAY``)."""
-    import subprocess
-
-    port = 47100 + dst
-    echo = (
-        "import socket\n"
-        f"s=socket.create_server(('{cluster.hosts[dst].ip}',{port}));s.settimeout(60)\n"
-        "print('ready',flush=True)\n"
-        "c,_=s.accept();c.settimeout(60)\n"
-        "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
-        "while True:\n"
-        "    b=c.recv(64)\n"
-        "    if not b: break\n"
-        "    c.sendall(b)\n"
-    )
-    ping = (
-        "import socket,statistics,time\n"
-        f"c=socket.create_connection(('{cluster.hosts[dst].ip}',{port}),timeout=60)\n"
-        "c.setsockopt(socket.IPPROTO_TCP,socket.TCP_NODELAY,1)\n"
-        "t=[]\n"
-        f"for _ in range({count}):\n"
-        "    a=time.perf_counter();c.sendall(bytes(64));n=0\n"
-        "    while n<64: n+=len(c.recv(64-n))\n"
-        "    t.append(time.perf_counter()-a)\n"
-        "print(statistics.median(t))\n"
-    )
-    server = cluster.popen(dst, [sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True)
-    try:
-        if server.stdout is None or server.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"the echo server on host {dst} did not start")
-        out = cluster.exec(src, [sys.executable, "-c", ping], capture_output=True, text=True,
-                           check=True, timeout=120)
-        return float(out.stdout.strip())
-    finally:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(timeout=10)
-        if server.poll() is None:
-            server.kill()
-            server.wait(timeout=10)
 
 
 def _measure_codec() -> dict[str, float]:

@@ -15,7 +15,6 @@ from sparkdl.config import ClusterConfig
 from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError
 from sparkdl.evaluation.plan import EvaluationRequest
-from sparkdl.storage import spark_uri
 from sparkdl.training.elastic import ElasticPolicy
 from sparkdl.training.keras_fit import KerasFit
 from sparkdl.training.launcher import ChannelSettings
@@ -207,11 +206,6 @@ class SparkModel(KerasFit):
 
         return ChannelSettings(self.cluster.timeout_s, parse_port_range(self.cluster.port_range))
 
-    def _task_cpus(self) -> int:
-        from sparkdl.session import task_cpus
-
-        return task_cpus(self.spark)
-
     # Evaluation and inference (sparkdl.spark.inference) -------------------------------
 
     def evaluate(
@@ -279,11 +273,6 @@ def _is_dataframe(data: Any) -> bool:
     from pyspark.sql import DataFrame
 
     return isinstance(data, DataFrame)
-
-
-def _join(uri: str, relative: str) -> str:
-    """``uri/relative`` as Spark reads it."""
-    return spark_uri(uri.rstrip("/") + "/" + relative)
 
 
 __all__ = ["SparkModel"]

@@ -62,7 +62,7 @@ from sparkdl.comm._auth import (
     recv_exact,
     send_all,
 )
-from sparkdl.comm.network import listen_on
+from sparkdl.comm.network import listen_on, split_host_port
 from sparkdl.errors import CommunicationError
 
 log = logging.getLogger("sparkdl.comm")
@@ -257,7 +257,10 @@ class ChannelClient:
     of idle connections) is retried until ``timeout_s``; a failed authentication is not."""
 
     def __init__(self, address: str, secret: bytes, *, timeout_s: float = 120.0) -> None:
-        host, _, port = address.rpartition(":")
+        try:
+            host, port = split_host_port(address)
+        except ValueError as exc:
+            raise CommunicationError(f"the driver's event channel address: {exc}") from None
         self._timeout_s = float(timeout_s)
         deadline = time.monotonic() + self._timeout_s
         secret = check_secret(secret)
@@ -266,7 +269,7 @@ class ChannelClient:
             sock: socket.socket | None = None
             try:
                 remaining = max(0.001, deadline - time.monotonic())
-                sock = socket.create_connection((host, int(port)), timeout=remaining)
+                sock = socket.create_connection((host, port), timeout=remaining)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 session = authenticate_connector(sock, secret, CONTEXT, 0, 1, deadline)
                 break

@@ -79,6 +79,15 @@ def select_bind_address(network_mask: str | None = None, default: str | None = N
     return default or "127.0.0.1"
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (an IPv6 host may be in brackets) as ``(host, port)``; ``ValueError``
+    naming the text when it is not one. Every parser of an address in sparkdl is this one."""
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected 'host:port', got {address!r}")
+    return host.strip("[]"), int(port)
+
+
 def parse_port_range(text: str | None) -> tuple[int, int] | None:
     """Parse ``"40000-40100"`` or ``"40000"``; ``None`` or empty means any free port."""
     if text is None or not str(text).strip():

@@ -18,6 +18,7 @@ from typing import Any
 
 from sparkdl.comm import _auth
 from sparkdl.comm._accept import RESOURCE_ERRNOS, AcceptLoop
+from sparkdl.comm.network import split_host_port
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 log = logging.getLogger("sparkdl.comm")
@@ -150,10 +151,10 @@ class TcpStoreServer:
 
 
 def _parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigurationError(f"store address: expected 'host:port', got {address!r}")
-    return host.strip("[]"), int(port)
+    try:
+        return split_host_port(address)
+    except ValueError as exc:
+        raise ConfigurationError(f"store address: {exc}") from None
 
 
 def store_exchange(

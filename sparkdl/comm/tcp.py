@@ -58,7 +58,7 @@ from sparkdl.comm.communicator import (
     check_reduce_op,
     reduce_destination,
 )
-from sparkdl.comm.network import listen_on
+from sparkdl.comm.network import listen_on, split_host_port
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 log = logging.getLogger("sparkdl.comm")
@@ -1287,10 +1287,10 @@ class _Acceptor:
 
 
 def _parse_hostport(text: str, rank: int) -> tuple[str, int]:
-    host, sep, port = str(text).rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise CommunicationError(f"rank {rank} published a bad address {text!r}")
-    return host.strip("[]"), int(port)
+    try:
+        return split_host_port(text)
+    except ValueError:
+        raise CommunicationError(f"rank {rank} published a bad address {text!r}") from None
 
 
 def _connect(

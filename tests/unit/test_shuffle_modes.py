@@ -70,6 +70,14 @@ def test_shuffle_takes_kerass_booleans_or_a_mode_and_names_a_wrong_one():
         shuffle_mode("batch")
 
 
+def test_the_progress_line_compares_bytes_with_dense_only_where_they_are_fewer():
+    logger = ProgressLogger(2, dense_bytes_per_step=1_700_000)
+    logger.set_params({"epochs": 3})
+    assert "(85x less than dense)" in logger.line(0, {"bytes_sent_per_step": 20_000})
+    dense = logger.line(0, {"bytes_sent_per_step": 1_700_000})
+    assert "1.7MB/step" in dense and "less than dense" not in dense
+
+
 def test_the_progress_line_says_how_many_rows_an_epoch_dropped():
     logger = ProgressLogger(2)
     logger.set_params({"epochs": 3})
