@@ -31,7 +31,7 @@ from sparkdl.compression import (
     ShakeUp,
     ThresholdCompressor,
 )
-from sparkdl.training.device_encoding import DeviceThresholdCompressor
+from sparkdl.training.exchanges.device_encoding import DeviceThresholdCompressor
 
 
 @contextmanager
@@ -84,8 +84,8 @@ def _train(encoder: str, steps: int) -> tuple[str, type, list[int], int]:
     import keras
 
     from sparkdl.comm import create_communicator
+    from sparkdl.training.exchanges.variables import weights_checksum
     from sparkdl.training.masters import SharedTrainingMaster
-    from sparkdl.training.variables import weights_checksum
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(

@@ -430,8 +430,8 @@ def measure_exchange_cpu(modes: tuple[str, ...], repeats: int = 15, model: str =
     from sparkdl.comm import create_communicator
     from sparkdl.compression.encoding import threshold_encode
     from sparkdl.compression.threshold import MAX_TAU
-    from sparkdl.training.averaging import ParameterAveragingExchange
-    from sparkdl.training.worker import configure_tensorflow
+    from sparkdl.training.exchanges.averaging import ParameterAveragingExchange
+    from sparkdl.training.worker.run_worker import configure_tensorflow
 
     configure_tensorflow(1)
     comm = create_communicator("tcp", 0, 1, lambda message: [message],

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import keras
     from pyspark.sql import DataFrame
 
-    from sparkdl.training.driver import FitResult
+    from sparkdl.training.driver.run_fit import FitResult
 
 _NOT_SAVED = ("customObjects", "callbacks")  # by value beside the metadata, or not at all
 CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
@@ -243,7 +243,7 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
         # a copy: fit twice, same start
         model = model_from_bytes(model_to_bytes(self.model), custom_objects)
         if self.getOrDefault(self.learningRate) > 0:
-            from sparkdl.training.events import set_learning_rate
+            from sparkdl.training.driver.events import set_learning_rate
 
             set_learning_rate(model.optimizer, self.getOrDefault(self.learningRate))
         spark_model = SparkModel(dataset.sparkSession, model,

@@ -20,12 +20,12 @@ from sparkdl.cpus import check_mode, current_cpus, plan_cores
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.gpu import pin_gpus, round_robin
 from sparkdl.main_guard import unguarded_main_line
-from sparkdl.training.keras_fit import KerasFit
-from sparkdl.training.launcher import ChannelSettings
+from sparkdl.training.driver.keras_fit import KerasFit
+from sparkdl.training.driver.launcher import ChannelSettings
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
-    from sparkdl.training.driver import FitResult
+    from sparkdl.training.driver.run_fit import FitResult
 
 
 class ParallelWrapper(KerasFit):
@@ -191,7 +191,7 @@ def _worker_process(
 ) -> None:
     try:
         pin_gpus(gpus, role="parallel")  # before anything imports TensorFlow
-        from sparkdl.training.task import run_task
+        from sparkdl.training.worker.task import run_task
 
         # every worker is a child of this machine's driver process: all see the same cores
         cores = plan_cores(current_cpus(), rank, world_size, spec.threads, cpu_affinity)

@@ -10,7 +10,7 @@ A run's places, each a URI (or local path) on any filesystem :mod:`sparkdl.stora
                   ``history.csv``, ``report.html``, ``evaluation.json``, ``predictions/``,
                   ``savedmodel/``
 ``checkpoint_dir`` the checkpoints (:meth:`RunLayout.checkpoints`, a
-                  :class:`~sparkdl.training.checkpoint.CheckpointStore`) and the training
+                  :class:`~sparkdl.training.worker.checkpoint.CheckpointStore`) and the training
                   stage's attempt log (:meth:`RunLayout.attempts_uri`, under ``_attempts/``)
 ``store_dir``     the run store of shards written from DataFrames (:meth:`RunLayout.run_store`,
                   a :class:`~sparkdl.data.store.RunStore`; ``None``: a temporary directory)
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from sparkdl.config import JobConfig
     from sparkdl.data.store import RunStore
     from sparkdl.run_output import RunOutput
-    from sparkdl.training.checkpoint import CheckpointStore
+    from sparkdl.training.worker.checkpoint import CheckpointStore
 
 # The shards (data_dir) ----------------------------------------------------------------------
 TRAIN_SHARDS = "train"
@@ -92,7 +92,7 @@ class RunLayout:
     # Checkpoints and attempts ---------------------------------------------------------------
 
     def checkpoints(self) -> CheckpointStore:
-        from sparkdl.training.checkpoint import CheckpointStore
+        from sparkdl.training.worker.checkpoint import CheckpointStore
 
         return CheckpointStore(self._required("checkpoint_dir", self.checkpoint_dir))
 

@@ -1,7 +1,7 @@
 """SparkModel: fit, evaluate and predict a Keras model on Spark (DL4J's SparkDl4jMultiLayer).
 
 A facade: ``fit`` writes a DataFrame as shards and runs the shared driver
-(:mod:`sparkdl.training.driver`) with a :class:`~sparkdl.spark.launcher.SparkLauncher`, one
+(:mod:`sparkdl.training.driver.run_fit`) with a :class:`~sparkdl.spark.launcher.SparkLauncher`, one
 barrier-mode task per worker (:mod:`sparkdl.spark.task`). Rank 0's trained model comes back
 to the driver.
 """
@@ -15,9 +15,9 @@ from sparkdl.config import ClusterConfig
 from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError
 from sparkdl.evaluation.plan import EvaluationRequest
+from sparkdl.training.driver.keras_fit import KerasFit
+from sparkdl.training.driver.launcher import ChannelSettings
 from sparkdl.training.elastic import ElasticPolicy
-from sparkdl.training.keras_fit import KerasFit
-from sparkdl.training.launcher import ChannelSettings
 from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from sparkdl.data.frames import FeaturesCol, LabelSpec
     from sparkdl.etl.normalizers import Normalizer
     from sparkdl.spark.launcher import SparkLauncher
-    from sparkdl.training.driver import FitResult
-    from sparkdl.training.fit import FitOptions
+    from sparkdl.training.driver.fit import FitOptions
+    from sparkdl.training.driver.run_fit import FitResult
 
 log = logging.getLogger("sparkdl")
 

@@ -125,7 +125,7 @@ def _train(
     from sparkdl.data.files import read_metadata
     from sparkdl.models import build_model
     from sparkdl.spark_model import SparkModel
-    from sparkdl.training.fit import FitOptions
+    from sparkdl.training.driver.fit import FitOptions
     from sparkdl.training.masters import master_from_training_config
 
     metadata = read_metadata(train_uri)

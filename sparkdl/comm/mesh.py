@@ -56,14 +56,9 @@ from sparkdl.comm.communicator import (
     reduce_destination,
 )
 from sparkdl.comm.network import listen_on
-from sparkdl.comm.tcp import (
-    TcpRingCommunicator,
-    _Acceptor,
-    _connect,
-    _Peer,
-    _tune,
-    connect_ring,
-)
+from sparkdl.comm.tcp.formation import _Acceptor, _connect, connect_ring
+from sparkdl.comm.tcp.frames import _Peer, _tune
+from sparkdl.comm.tcp.ring import TcpRingCommunicator
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 MESH_MODES = ("plain", "mesh", "auto")

@@ -3,7 +3,8 @@
 A threshold compressor adds each update to its memory's residual, encodes (and subtracts)
 the elements that reach tau, and lets the memory post-process what is left (e.g. clip it).
 :class:`HostMemory` keeps the residual as a numpy float32 vector; the device memory
-(``sparkdl.training.device_encoding.DeviceMemory``) keeps it in a TensorFlow variable on the
+(``sparkdl.training.exchanges.device_encoding.DeviceMemory``) keeps it in a TensorFlow variable on
+the
 model's device. Both have the same state: ``{"residual": float32 vector}``.
 """
 

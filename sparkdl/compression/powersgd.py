@@ -4,7 +4,7 @@ Each worker's gradient, compensated by its memory (error feedback), is split per
 tensor whose matrix form ``M`` (``prod(shape[:-1]) × shape[-1]``, Keras's kernel layout) is at
 least ``min_compression`` times larger than its factors is sent as two rank-``r`` factors; the
 others (biases, normalisation vectors, small matrices) are sent whole. One step, on every
-worker, in GRACE's order (the exchange drives it, :class:`~sparkdl.training.powersgd.
+worker, in GRACE's order (the exchange drives it, :class:`~sparkdl.training.exchanges.powersgd.
 PowerSGDExchange`)::
 
     M = memory.compensate(gradient)

@@ -24,7 +24,7 @@ from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.spark.attempts import AttemptLog, short, stage_error
 from sparkdl.spark.task import RESULT_SCHEMA, training_function
 from sparkdl.training.elastic import ElasticEvent, ElasticPolicy
-from sparkdl.training.worker import replan
+from sparkdl.training.worker.run_worker import replan
 
 if TYPE_CHECKING:
     from pyspark.resource import ResourceProfile
@@ -32,14 +32,14 @@ if TYPE_CHECKING:
 
     from sparkdl.config import ClusterConfig
     from sparkdl.training.summary import WorkerResult
-    from sparkdl.training.worker import WorkerSpec
+    from sparkdl.training.worker.run_worker import WorkerSpec
 
 log = logging.getLogger("sparkdl")
 
 
 class SparkLauncher:
     """Runs the workers as one barrier-mode Spark stage (a
-    :class:`~sparkdl.training.task.Launcher`)."""
+    :class:`~sparkdl.training.worker.task.Launcher`)."""
 
     def __init__(
         self,
@@ -147,7 +147,7 @@ class SparkLauncher:
         """Run the stage without Spark's retries (which would wait forever for the slots of
         a host that is gone); after a failure relaunch it with the slots still available,
         at most ``num_workers``, resuming from the latest checkpoint."""
-        from sparkdl.training.checkpoint import CheckpointStore
+        from sparkdl.training.worker.checkpoint import CheckpointStore
 
         policy, wanted, checkpoint = self.elastic, len(spec.slices), spec.checkpoint
         assert policy is not None and checkpoint is not None

@@ -1,7 +1,7 @@
 """The executor program of the training stage: one barrier task per worker.
 
 Each task pins its GPUs, finds its peers through ``BarrierTaskContext.allGather``, opens the
-configured transport and runs :func:`sparkdl.training.task.run_task`; its result goes back
+configured transport and runs :func:`sparkdl.training.worker.task.run_task`; its result goes back
 to the driver as one Arrow row (rank, pickled :class:`~sparkdl.training.summary.WorkerResult`).
 A failure is recorded as a :class:`~sparkdl.spark.attempts.TaskFailure` before it propagates.
 """
@@ -84,7 +84,7 @@ def _run(context: Any, rank: int, addresses: list[str], spec_bytes: bytes,
     from sparkdl.comm.network import parse_port_range
     from sparkdl.cpus import current_cpus, local_group, plan_cores, sharing_key
     from sparkdl.gpu import pin_gpus, task_gpu_addresses
-    from sparkdl.training.task import run_task
+    from sparkdl.training.worker.task import run_task
 
     gpus = task_gpu_addresses()
     pin_gpus(gpus, role="train")  # before the spec (and TensorFlow with it) is loaded

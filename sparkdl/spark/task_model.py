@@ -37,7 +37,7 @@ def load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> An
 
     pin_gpus(task_gpu_addresses(), role="model")  # before anything imports TensorFlow
     from sparkdl.training.serialization import model_from_bytes
-    from sparkdl.training.worker import configure_tensorflow
+    from sparkdl.training.worker.run_worker import configure_tensorflow
 
     key = hash(model_bytes)
     if key not in _TASK_MODELS:

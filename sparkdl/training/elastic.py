@@ -12,7 +12,7 @@ latest checkpoint. This module holds what that needs, Spark-free:
   accumulated but not sent yet) is preserved and no update is lost;
 * :func:`resume_step` — where an epoch interrupted mid-way continues under the new plan.
 
-The worker spec for a new world size is :func:`sparkdl.training.worker.replan`.
+The worker spec for a new world size is :func:`sparkdl.training.worker.run_worker.replan`.
 """
 
 from __future__ import annotations

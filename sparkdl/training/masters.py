@@ -33,7 +33,7 @@ from sparkdl.errors import ConfigurationError
 if TYPE_CHECKING:
     from sparkdl.comm.communicator import Communicator
     from sparkdl.config import TrainingConfig
-    from sparkdl.training.exchange import UpdateExchange
+    from sparkdl.training.exchanges.exchange import UpdateExchange
 
 
 #: Where :class:`SharedTrainingMaster` encodes updates: ``"host"`` (numpy), ``"device"``
@@ -202,18 +202,18 @@ class SharedTrainingMaster(TrainingMaster):
     def create_exchange(
         self, model: Any, comm: Communicator, *, job_id: int
     ) -> UpdateExchange:
-        from sparkdl.training.device_encoding import (
+        from sparkdl.training.exchanges.device_encoding import (
             build_compressor,
             variable_device,
             variables_on_gpu,
         )
-        from sparkdl.training.sharing import GradientSharingExchange
-        from sparkdl.training.variables import FlatVariables
+        from sparkdl.training.exchanges.sharing import GradientSharingExchange
+        from sparkdl.training.exchanges.variables import FlatVariables
 
         variables = model.trainable_variables
         if self.compressor.collective == "allreduce":
             from sparkdl.compression.powersgd import PowerSGDCompressor
-            from sparkdl.training.powersgd import PowerSGDExchange
+            from sparkdl.training.exchanges.powersgd import PowerSGDExchange
 
             shapes = [tuple(v.shape) for v in variables]
             built = self.compressor.build(FlatVariables(variables).size, job_id=job_id,
@@ -286,7 +286,7 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
     def create_exchange(
         self, model: Any, comm: Communicator, *, job_id: int
     ) -> UpdateExchange:
-        from sparkdl.training.averaging import ParameterAveragingExchange
+        from sparkdl.training.exchanges.averaging import ParameterAveragingExchange
 
         return ParameterAveragingExchange(
             model,
@@ -334,7 +334,7 @@ class DenseTrainingMaster(TrainingMaster):
     def create_exchange(
         self, model: Any, comm: Communicator, *, job_id: int
     ) -> UpdateExchange:
-        from sparkdl.training.dense import DenseAllreduceExchange
+        from sparkdl.training.exchanges.dense import DenseAllreduceExchange
 
         return DenseAllreduceExchange(model, comm, overlap=self.overlap,
                                       wire_dtype=self.wire_dtype)

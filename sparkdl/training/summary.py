@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 
-from sparkdl.training.loop import LoopResult
 from sparkdl.training.masters import TrainingMaster
+from sparkdl.training.worker.loop import LoopResult
 
 
 @dataclass

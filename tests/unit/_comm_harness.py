@@ -288,7 +288,7 @@ class FakeRank1:
         import socket
 
         from sparkdl.comm import _auth, _shm
-        from sparkdl.comm.tcp import _RING_CTX
+        from sparkdl.comm.tcp.frames import _RING_CTX
 
         try:
             if not self._got_address.wait(max(0.0, self._deadline - time.monotonic())):

@@ -9,7 +9,7 @@ import pytest
 from _comm_harness import run_threads
 
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.dense import DenseAllreduceExchange
+from sparkdl.training.exchanges.dense import DenseAllreduceExchange
 
 K, B, STEPS = 4, 8, 3  # micro-batches per exchange, micro-batch rows, exchanges
 

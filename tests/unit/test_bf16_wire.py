@@ -11,7 +11,7 @@ from _comm_harness import run_threads
 
 from sparkdl.config import TrainingConfig
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.dense import DenseAllreduceExchange
+from sparkdl.training.exchanges.dense import DenseAllreduceExchange
 from sparkdl.training.masters import DenseTrainingMaster, master_from_config
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparkdl.errors import ConfigurationError, TrainingError
-from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore, TrainingState
+from sparkdl.training.worker.checkpoint import CheckpointPolicy, CheckpointStore, TrainingState
 
 
 def test_latest_complete_checkpoint_of_the_run(tmp_path):

@@ -20,7 +20,8 @@ from _comm_harness import SECRET, FakeRank1, run_in_child, run_ranks, start_proc
 
 from sparkdl.comm import _shm, create_communicator
 from sparkdl.comm.rendezvous import store_exchange
-from sparkdl.comm.tcp import _HDR, _MAGIC, _OP_ALLGATHER, _OP_ALLREDUCE_F32, connect_ring
+from sparkdl.comm.tcp import connect_ring
+from sparkdl.comm.tcp.frames import _HDR, _MAGIC, _OP_ALLGATHER, _OP_ALLREDUCE_F32
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 from _comm_harness import run_threads
 
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.dense import DenseAllreduceExchange
+from sparkdl.training.exchanges.dense import DenseAllreduceExchange
 from sparkdl.training.model_check import check_training_step
 from sparkdl.training.weights import Weighted
 

@@ -10,9 +10,9 @@ import pytest
 from _comm_harness import run_threads
 
 from sparkdl.comm import create_communicator
-from sparkdl.training import dense
-from sparkdl.training.dense import DenseAllreduceExchange
-from sparkdl.training.variables import weights_checksum
+from sparkdl.training.exchanges import dense
+from sparkdl.training.exchanges.dense import DenseAllreduceExchange
+from sparkdl.training.exchanges.variables import weights_checksum
 
 
 def _model() -> keras.Model:

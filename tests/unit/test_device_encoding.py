@@ -24,7 +24,7 @@ from sparkdl.compression import (
 )
 from sparkdl.config import TrainingConfig
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.device_encoding import DeviceThresholdCompressor, variables_on_gpu
+from sparkdl.training.exchanges.device_encoding import DeviceThresholdCompressor, variables_on_gpu
 from sparkdl.training.masters import (
     SharedTrainingMaster,
     master_from_config,
@@ -33,7 +33,7 @@ from sparkdl.training.masters import (
 
 # Every value is 0 or has magnitude >= 2**-90, so no float32 operation of the encoder
 # produces a subnormal (TensorFlow flushes those to zero, numpy does not; see the module
-# docstring of sparkdl.training.device_encoding).
+# docstring of sparkdl.training.exchanges.device_encoding).
 _TINY = 2.0**-90
 _HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
 
@@ -273,7 +273,7 @@ def _model(seed: int = 0):  # type: ignore[no-untyped-def]
 
 def _train(encoder: str, steps: int = 8):  # type: ignore[no-untyped-def]
     from sparkdl.comm import create_communicator
-    from sparkdl.training.variables import weights_checksum
+    from sparkdl.training.exchanges.variables import weights_checksum
 
     model = _model()
     comm = create_communicator("tcp", 0, 1, lambda s: [s], secret=b"x" * 32, timeout_s=10)

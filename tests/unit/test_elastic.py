@@ -21,7 +21,7 @@ from sparkdl.training.elastic import (
     fold_states,
     resume_step,
 )
-from sparkdl.training.worker import WorkerSpec, replan
+from sparkdl.training.worker.run_worker import WorkerSpec, replan
 
 SIZE = 1000
 

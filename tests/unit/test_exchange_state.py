@@ -19,6 +19,7 @@ from sparkdl.compression import (
 )
 from sparkdl.config import TrainingConfig
 from sparkdl.errors import ConfigurationError
+from sparkdl.training.exchanges.variables import weights_checksum
 from sparkdl.training.masters import (
     DenseTrainingMaster,
     ParameterAveragingTrainingMaster,
@@ -26,7 +27,6 @@ from sparkdl.training.masters import (
     master_from_config,
     master_from_training_config,
 )
-from sparkdl.training.variables import weights_checksum
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import pytest
 from _comm_harness import run_threads
 
 from sparkdl.errors import NonFiniteError
-from sparkdl.training.exchange import UpdateExchange
-from sparkdl.training.loop import PHASES
+from sparkdl.training.exchanges.exchange import UpdateExchange
+from sparkdl.training.worker.loop import PHASES
 
 LR = 0.1
 
@@ -191,7 +191,7 @@ def test_the_finiteness_check_is_exact_when_a_finite_sum_overflows() -> None:
     still finite, and a single NaN or inf anywhere is not."""
     import tensorflow as tf
 
-    from sparkdl.training.exchange import all_finite
+    from sparkdl.training.exchanges.exchange import all_finite
 
     check = tf.function(all_finite)
     big = tf.fill([1000], np.float32(3e38))
@@ -206,7 +206,7 @@ def test_a_tensor_shares_an_aligned_host_array_and_copies_any_other() -> None:
     """The collective's result reaches the optimizer without a copy where TensorFlow can use
     its memory as it is (64-byte aligned, writable); a misaligned one is copied, never read
     out of place."""
-    from sparkdl.training.host_views import shared_tensor
+    from sparkdl.training.exchanges.host_views import shared_tensor
 
     raw = np.zeros(4096 + 16, np.float32)
     start = (-raw.ctypes.data % 64) // 4

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from sparkdl.config import TrainingConfig
-from sparkdl.training.fit import FitOptions
-from sparkdl.training.loop import CallbackList, LoopResult, WorkerCallback
+from sparkdl.training.driver.fit import FitOptions
 from sparkdl.training.masters import SharedTrainingMaster
 from sparkdl.training.summary import FitMetrics, WorkerResult, summarize_fit
+from sparkdl.training.worker.loop import CallbackList, LoopResult, WorkerCallback
 
 #: metrics.json's keys of a fit without timeline, accuracy or elastic events, in order.
 _KEYS = [
@@ -114,8 +114,8 @@ def test_the_launchers_and_the_seam_import_no_tensorflow() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, sparkdl.spark_model, sparkdl.parallel, sparkdl.training.keras_fit, "
-            "sparkdl.training.fit, sparkdl.training.launcher, sparkdl.run_layout; "
+    code = ("import sys, sparkdl.spark_model, sparkdl.parallel, sparkdl.training.driver.keras_fit, "
+            "sparkdl.training.driver.fit, sparkdl.training.driver.launcher, sparkdl.run_layout; "
             "print(sorted(m for m in ('keras', 'tensorflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout

@@ -22,8 +22,8 @@ from sparkdl.compression.threshold import (
     FixedThreshold,
     TargetSparsityThreshold,
 )
+from sparkdl.training.exchanges.optimizer_update import fallback_reason
 from sparkdl.training.masters import SharedTrainingMaster
-from sparkdl.training.optimizer_update import fallback_reason
 
 SECRET = b"fused-sharing-test-secret-012345"
 
@@ -197,8 +197,8 @@ def test_a_weight_constraint_takes_the_fallback() -> None:
 
 def _apart(model: keras.Model, comm: Any) -> Any:
     """The fused host exchange with the residual in the compressor's own vector."""
-    from sparkdl.training.sharing import GradientSharingExchange
-    from sparkdl.training.variables import FlatVariables
+    from sparkdl.training.exchanges.sharing import GradientSharingExchange
+    from sparkdl.training.exchanges.variables import FlatVariables
 
     compressor = _master(world=1).compressor.build(
         FlatVariables(model.trainable_variables).size, job_id=1, rank=comm.rank)
@@ -286,7 +286,7 @@ def test_the_update_written_into_u_is_the_sum_into_zeroed_u_bit_for_bit(make) ->
     every optimizer the fused path takes (signed zeros included)."""
     import tensorflow as tf
 
-    from sparkdl.training.optimizer_update import UpdateVariables
+    from sparkdl.training.exchanges.optimizer_update import UpdateVariables
 
     rng = np.random.default_rng(8)
     shapes = [(3, 4), (4,)]
@@ -337,8 +337,8 @@ def test_the_residual_held_in_the_update_variables_trains_bit_for_bit_as_apart(
     and after a resume from the state of the held path."""
     from sparkdl.compression.compressor import ThresholdCompressorConfig
     from sparkdl.compression.threshold import ResidualClipping, ShakeUp
-    from sparkdl.training.sharing import GradientSharingExchange
-    from sparkdl.training.variables import FlatVariables
+    from sparkdl.training.exchanges.sharing import GradientSharingExchange
+    from sparkdl.training.exchanges.variables import FlatVariables
 
     steps, cut = 12, 5
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from sparkdl.training.host_views import HostViews
+from sparkdl.training.exchanges.host_views import HostViews
 
 
 def _address(variable: tf.Variable) -> int:

@@ -74,7 +74,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 
 def part(module: str) -> str:
-    """The top-level part a module belongs to: ``sparkdl.training.loop`` → ``training``."""
+    """The top-level part a module belongs to: ``sparkdl.training.worker.loop`` → ``training``."""
     pieces = module.split(".")
     return pieces[1] if len(pieces) > 1 else "sparkdl"
 
@@ -164,6 +164,6 @@ def test_the_checks_find_an_import_up_the_layers_and_a_circle(tmp_path: Path) ->
                               ["sparkdl.low.b", "sparkdl.low.c"]]
 
 
-@pytest.mark.parametrize("module", ["sparkdl.training.loop", "sparkdl.session"])
+@pytest.mark.parametrize("module", ["sparkdl.training.worker.loop", "sparkdl.session"])
 def test_parts_are_subpackages_or_root_modules(module: str) -> None:
     assert part(module) == module.split(".")[1]

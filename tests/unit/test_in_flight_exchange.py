@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from sparkdl.errors import CommunicationError
-from sparkdl.training.overlap import InFlightExchange
+from sparkdl.training.exchanges.overlap import InFlightExchange
 
 
 def test_every_job_runs_on_one_persistent_daemon_thread():
@@ -94,7 +94,7 @@ def test_close_lets_the_job_in_flight_finish_and_stops_the_worker():
 
 def test_each_job_is_a_span_of_the_worker_thread_with_its_cpu_time():
     from benchmarks.timeline import summarize
-    from sparkdl.training.timeline import Timeline, recording
+    from sparkdl.training.worker.timeline import Timeline, recording
 
     recorder = Timeline(0)
     runner = InFlightExchange(timeout_s=10)

@@ -12,9 +12,9 @@ import pytest
 from _comm_harness import run_threads
 
 from sparkdl.compression.threshold import FixedThreshold
-from sparkdl.training.averaging import ParameterAveragingExchange
-from sparkdl.training.dense import DenseAllreduceExchange
-from sparkdl.training.exchange import UpdateExchange
+from sparkdl.training.exchanges.averaging import ParameterAveragingExchange
+from sparkdl.training.exchanges.dense import DenseAllreduceExchange
+from sparkdl.training.exchanges.exchange import UpdateExchange
 from sparkdl.training.masters import SharedTrainingMaster
 
 SCALE = 2.0 ** 15  # LossScaleOptimizer's initial scale

@@ -18,7 +18,6 @@ from _comm_harness import run_threads
 from sparkdl.compression.threshold import AdaptiveThreshold, FixedThreshold
 from sparkdl.config import JobConfig
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.loop import WorkerCallback, run_loop
 from sparkdl.training.masters import (
     DenseTrainingMaster,
     ParameterAveragingTrainingMaster,
@@ -26,6 +25,7 @@ from sparkdl.training.masters import (
     master_from_config,
     master_from_training_config,
 )
+from sparkdl.training.worker.loop import WorkerCallback, run_loop
 
 STEPS = 6
 

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 from _comm_harness import run_threads
 
-from sparkdl.training.host_views import read_no_copy
+from sparkdl.training.exchanges.host_views import read_no_copy
+from sparkdl.training.exchanges.variables import FlatVariables
 from sparkdl.training.masters import DenseTrainingMaster, ParameterAveragingTrainingMaster
-from sparkdl.training.variables import FlatVariables
 
 FREQUENCY = 3
 

@@ -12,10 +12,10 @@ from sparkdl.compression import compressor_from_config, compressor_to_config
 from sparkdl.compression.powersgd import PowerSGDCompressor, PowerSGDCompressorConfig
 from sparkdl.config import load_config
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.dense import DenseAllreduceExchange
+from sparkdl.training.exchanges.dense import DenseAllreduceExchange
+from sparkdl.training.exchanges.powersgd import PowerSGDExchange
+from sparkdl.training.exchanges.variables import weights_checksum
 from sparkdl.training.masters import SharedTrainingMaster, master_from_training_config
-from sparkdl.training.powersgd import PowerSGDExchange
-from sparkdl.training.variables import weights_checksum
 
 SHAPES = [(30, 20), (20,), (3, 3, 4, 8), (8,), (2, 2)]
 

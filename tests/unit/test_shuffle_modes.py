@@ -14,7 +14,7 @@ from sparkdl.data.reader import (
     shuffle_mode,
 )
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.progress import ProgressLogger
+from sparkdl.training.driver.progress import ProgressLogger
 
 GROUPS = [[10] * 6 + [7], [10] * 5 + [3], [10] * 7]  # 20 row groups, 200 rows
 WORKERS, BATCH, SEED = 3, 8, 4

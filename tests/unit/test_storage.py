@@ -148,7 +148,7 @@ def test_run_output_on_s3_publishes_marker_last(s3_bucket: str) -> None:
 
 
 def test_checkpoints_on_s3_resume(s3_bucket: str) -> None:
-    from sparkdl.training.checkpoint import CheckpointStore, TrainingState
+    from sparkdl.training.worker.checkpoint import CheckpointStore, TrainingState
 
     uri = f"{s3_bucket}/ckpt"
     store = CheckpointStore(uri)

@@ -1,5 +1,5 @@
 """The worker meets its peers while TensorFlow imports on a helper thread
-(sparkdl.training.task.meet_while_tensorflow_imports), through the helper the driver's Spark
+(sparkdl.training.worker.task.meet_while_tensorflow_imports), through the helper the driver's Spark
 start-up uses too (sparkdl.logs.started_while_tensorflow_imports)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import sparkdl.logs
-from sparkdl.training.task import meet_while_tensorflow_imports
+from sparkdl.training.worker.task import meet_while_tensorflow_imports
 
 
 class FakeComm:

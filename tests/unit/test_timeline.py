@@ -12,8 +12,8 @@ from _comm_harness import SECRET, run_ranks, values
 from _run_dir import write_run_dir
 
 from sparkdl.errors import ConfigurationError
-from sparkdl.training import timeline
-from sparkdl.training.timeline import Timeline, TracedCommunicator, recording
+from sparkdl.training.worker import timeline
+from sparkdl.training.worker.timeline import Timeline, TracedCommunicator, recording
 
 
 def _complete(trace: dict) -> list[dict]:
@@ -53,7 +53,7 @@ def test_spans_are_complete_events_that_nest_and_load_as_json(tmp_path: Path) ->
 
 
 def test_stopwatch_laps_are_adjacent_spans_named_without_the_suffix() -> None:
-    from sparkdl.training.exchange import Stopwatch
+    from sparkdl.training.exchanges.exchange import Stopwatch
 
     recorder = Timeline(0)
     with recording(recorder):
@@ -163,7 +163,7 @@ def test_collectives_record_their_message_and_the_bytes_they_moved() -> None:
 
 def test_fit_options_and_config_reject_a_bad_timeline() -> None:
     from sparkdl.config import load_config
-    from sparkdl.training.fit import FitOptions
+    from sparkdl.training.driver.fit import FitOptions
 
     with pytest.raises(ConfigurationError, match="timeline must be a directory URI"):
         FitOptions(timeline=5).check()  # type: ignore[arg-type]

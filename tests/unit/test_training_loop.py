@@ -8,8 +8,8 @@ import pytest
 
 from sparkdl.comm import create_communicator
 from sparkdl.errors import TrainingError
-from sparkdl.training.loop import TrainingLoop, WorkerCallback, run_loop
 from sparkdl.training.masters import DenseTrainingMaster, SharedTrainingMaster
+from sparkdl.training.worker.loop import TrainingLoop, WorkerCallback, run_loop
 
 
 def _model_with_nan_gradients() -> keras.Model:

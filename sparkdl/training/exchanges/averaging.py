@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.exchange import StepResult, UpdateExchange, model_loss
-from sparkdl.training.variables import FlatVariables
+from sparkdl.training.exchanges.exchange import StepResult, UpdateExchange, model_loss
+from sparkdl.training.exchanges.variables import FlatVariables
 from sparkdl.training.weights import split_target
 
 

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparkdl.errors import TrainingError
-from sparkdl.training import timeline
 from sparkdl.training.weights import model_batch
+from sparkdl.training.worker import timeline
 
 if TYPE_CHECKING:  # this module imports no TensorFlow: the driver reads LoopResult
     from sparkdl.comm.communicator import Communicator
-    from sparkdl.training.exchange import StepResult, UpdateExchange
+    from sparkdl.training.exchanges.exchange import StepResult, UpdateExchange
 
 log = logging.getLogger("sparkdl.training")
 

@@ -32,10 +32,10 @@ import keras
 import numpy as np
 
 from sparkdl.comm.channel import ChannelClient, Message
-from sparkdl.training.loop import TrainingLoop, WorkerCallback
+from sparkdl.training.worker.loop import TrainingLoop, WorkerCallback
 
 if TYPE_CHECKING:
-    from sparkdl.training.exchange import StepResult
+    from sparkdl.training.exchanges.exchange import StepResult
 
 log = logging.getLogger("sparkdl.training")
 
@@ -55,7 +55,7 @@ _LOGS_ONLY = (
 def needs_weights(callbacks: Sequence[keras.callbacks.Callback]) -> bool:
     """Whether any driver callback may read the model's weights during training."""
     from sparkdl.callbacks import TensorBoardScalars
-    from sparkdl.training.progress import ProgressLogger
+    from sparkdl.training.driver.progress import ProgressLogger
 
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.EarlyStopping):

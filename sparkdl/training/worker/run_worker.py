@@ -20,22 +20,22 @@ import numpy as np
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import SparkDLError, TrainingError
-from sparkdl.training.loop import CallbackList, TrainingLoop, WorkerCallback
 from sparkdl.training.summary import WorkerResult
+from sparkdl.training.worker.loop import CallbackList, TrainingLoop, WorkerCallback
 
 if TYPE_CHECKING:
     import keras
 
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import WorkerSlice
-    from sparkdl.training.checkpoint import (
+    from sparkdl.training.exchanges.exchange import StepResult, UpdateExchange
+    from sparkdl.training.masters import TrainingMaster
+    from sparkdl.training.worker.checkpoint import (
         Checkpoint,
         CheckpointPolicy,
         CheckpointStore,
         TrainingState,
     )
-    from sparkdl.training.exchange import StepResult, UpdateExchange
-    from sparkdl.training.masters import TrainingMaster
 
 log = logging.getLogger("sparkdl.training")
 
@@ -53,7 +53,7 @@ class ValidationSpec:
 
 @dataclass
 class EventsSpec:
-    """Where rank 0 reports to the driver (see :mod:`sparkdl.training.events`)."""
+    """Where rank 0 reports to the driver (see :mod:`sparkdl.training.driver.events`)."""
 
     address: str
     log_every_steps: int = 0
@@ -229,8 +229,8 @@ class Checkpointing(WorkerCallback):
             self._save(loop, epoch + 1, 0)
 
     def _save(self, loop: TrainingLoop, epoch: int, step: int) -> None:
-        from sparkdl.training.checkpoint import TrainingState
         from sparkdl.training.serialization import model_to_bytes
+        from sparkdl.training.worker.checkpoint import TrainingState
 
         exchange, comm, global_step = loop.exchange, loop.comm, loop.global_step
         exchange.finish()
@@ -308,12 +308,12 @@ def run_worker(
     """Train on this worker's slice; returns its measurements (rank 0 adds the model).
 
     ``secret`` authenticates rank 0's event channel to the driver (``spec.events``).
-    With ``spec.timeline`` it records the fit (see :mod:`sparkdl.training.timeline`) and
+    With ``spec.timeline`` it records the fit (see :mod:`sparkdl.training.worker.timeline`) and
     writes the trace at the end, also when the fit fails.
     """
     if not spec.timeline:
         return _run_worker(spec, comm, secret)
-    from sparkdl.training.timeline import Timeline, TracedCommunicator, recording
+    from sparkdl.training.worker.timeline import Timeline, TracedCommunicator, recording
 
     recorder = Timeline(comm.rank)
     written: str | None = None
@@ -337,9 +337,9 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     started_at = time.time()
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import ShardReader, global_shuffle, rows_dropped_per_epoch
-    from sparkdl.training.checkpoint import CheckpointStore, TrainingState
+    from sparkdl.training.exchanges.variables import weights_checksum
     from sparkdl.training.serialization import model_from_bytes, model_to_bytes
-    from sparkdl.training.variables import weights_checksum
+    from sparkdl.training.worker.checkpoint import CheckpointStore, TrainingState
 
     master = spec.master
     store: CheckpointStore | None = None
@@ -439,7 +439,7 @@ def _worker_callbacks(
         callbacks.append(Validation(spec.validation))
     if spec.events is not None:
         from sparkdl.comm.channel import ChannelClient
-        from sparkdl.training.events import DriverLink
+        from sparkdl.training.driver.events import DriverLink
 
         client = None
         if comm.rank == 0:

@@ -10,8 +10,8 @@ import tensorflow as tf
 from sparkdl.comm.communicator import Communicator
 from sparkdl.compression.compressor import EncodingStats, prefixed, unprefixed
 from sparkdl.compression.powersgd import PowerSGDCompressor
-from sparkdl.training.exchange import UpdateExchange
-from sparkdl.training.host_views import aligned_empty
+from sparkdl.training.exchanges.exchange import UpdateExchange
+from sparkdl.training.exchanges.host_views import aligned_empty
 
 
 class PowerSGDExchange(UpdateExchange):

@@ -6,9 +6,9 @@ line up and adjacent spans nest exactly; ``pid`` the rank; ``tid`` the thread by
 the main loop and the overlap thread) and writes them to ``URI/rank-<N>.json`` at the end
 of the fit, or with what it recorded when the fit fails. Open the files in ``chrome://tracing`` or https://ui.perfetto.dev.
 
-Where the spans come from: the worker loop (:mod:`sparkdl.training.loop`: ``epoch``,
+Where the spans come from: the worker loop (:mod:`sparkdl.training.worker.loop`: ``epoch``,
 ``step``, ``data wait``, ``exchange``, each callback), the exchange's phases
-(:class:`~sparkdl.training.exchange.Stopwatch` laps: ``compute``, ``encode``,
+(:class:`~sparkdl.training.exchanges.exchange.Stopwatch` laps: ``compute``, ``encode``,
 ``communicate``, ``decode``, ``apply``; with overlap ``hand-off``, a step's message handed
 to the exchange thread, counted in ``communicate_s``) and every collective with the bytes it moved
 (:class:`TracedCommunicator`). Time inside a span not covered by its children is Python

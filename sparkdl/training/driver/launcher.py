@@ -1,5 +1,6 @@
-"""The launcher contract (no TensorFlow): how :func:`sparkdl.training.driver.run_fit` runs
-the workers of a :class:`~sparkdl.training.worker.WorkerSpec` — a barrier-mode Spark stage for
+"""The launcher contract (no TensorFlow): how :func:`sparkdl.training.driver.run_fit.run_fit` runs
+the workers of a :class:`~sparkdl.training.worker.run_worker.WorkerSpec` — a barrier-mode Spark
+stage for
 ``SparkModel``, local processes for ``ParallelWrapper``."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from sparkdl.training.summary import WorkerResult
-    from sparkdl.training.worker import WorkerSpec
+    from sparkdl.training.worker.run_worker import WorkerSpec
 
 
 @dataclass(frozen=True)

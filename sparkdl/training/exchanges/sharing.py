@@ -17,9 +17,13 @@ from sparkdl.compression.compressor import (
 )
 from sparkdl.compression.memory import HostMemory
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.exchange import UpdateExchange, all_finite
-from sparkdl.training.host_views import HostViews, on_host_float32
-from sparkdl.training.optimizer_update import UpdateMemory, UpdateVariables, fallback_reason
+from sparkdl.training.exchanges.exchange import UpdateExchange, all_finite
+from sparkdl.training.exchanges.host_views import HostViews, on_host_float32
+from sparkdl.training.exchanges.optimizer_update import (
+    UpdateMemory,
+    UpdateVariables,
+    fallback_reason,
+)
 
 
 class GradientSharingExchange(UpdateExchange):
@@ -30,18 +34,21 @@ class GradientSharingExchange(UpdateExchange):
     The template's hooks: :meth:`compute_update` runs the optimizer on the batch's gradient
     and returns its update, the model's weights staying the shared weights W between steps
     (fused path: the optimizer writes the update into variables of its own,
-    :mod:`~sparkdl.training.optimizer_update`; fallback, for optimizers that read the weights
+    :mod:`~sparkdl.training.exchanges.optimizer_update`; fallback, for optimizers that read the
+    weights
     (:attr:`fallback_reason`): it updates the weights and the graph takes the update back out
     of them); :meth:`encode` adds it to the residual and encodes; :meth:`communicate`
     allgathers the frames; :meth:`decode` sums them (as ``(index, value)`` pairs when every
     frame is sparse, so the cost follows the entries, not the model); :meth:`apply` adds the
     sum to W (fused on the host: in place through numpy views,
-    :mod:`~sparkdl.training.host_views`; else a scatter of the entries, or one dense pass for
+    :mod:`~sparkdl.training.exchanges.host_views`; else a scatter of the entries, or one dense pass
+    for
     bitmap frames).
 
     Fused on the host with a threshold compressor and no loss scaling (``hold_residual``,
     the default), the optimizer's variables ``U`` are the residual
-    (:class:`~sparkdl.training.optimizer_update.UpdateMemory`): the optimizer adds its update
+    (:class:`~sparkdl.training.exchanges.optimizer_update.UpdateMemory`): the optimizer adds its
+    update
     to them in the step's graph and :meth:`encode` encodes them in place, so the residual is
     never added to or copied apart; the same bits as the residual kept in the compressor's
     own vector (``hold_residual=False``). A non-finite update then stays in the residual, as

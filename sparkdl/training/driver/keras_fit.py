@@ -1,7 +1,7 @@
 """``fit`` as Keras's, shared by ``SparkModel`` and ``ParallelWrapper`` (no TensorFlow at
-import): :class:`KerasFit` builds the :class:`~sparkdl.training.fit.FitOptions` once and runs
-:func:`sparkdl.training.driver.run_fit` with the class's
-:class:`~sparkdl.training.launcher.Launcher`."""
+import): :class:`KerasFit` builds the :class:`~sparkdl.training.driver.fit.FitOptions` once and runs
+:func:`sparkdl.training.driver.run_fit.run_fit` with the class's
+:class:`~sparkdl.training.driver.launcher.Launcher`."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.fit import FitOptions
+from sparkdl.training.driver.fit import FitOptions
 
 if TYPE_CHECKING:
     import keras
 
-    from sparkdl.training.driver import FitResult
-    from sparkdl.training.launcher import ChannelSettings, Launcher
+    from sparkdl.training.driver.launcher import ChannelSettings, Launcher
+    from sparkdl.training.driver.run_fit import FitResult
     from sparkdl.training.masters import TrainingMaster
 
 
@@ -91,7 +91,7 @@ class KerasFit:
             prefetch, decode_threads: row groups each worker's reader decodes ahead, on how
                 many threads (DL4J's ``workerPrefetchNumBatches``).
             timeline: a directory URI: every worker writes a Chrome trace of its steps there,
-                ``rank-<N>.json`` (see :mod:`sparkdl.training.timeline`); the files' URIs are
+                ``rank-<N>.json`` (see :mod:`sparkdl.training.worker.timeline`); the files' URIs are
                 in ``history.metrics["timeline"]``.
             class_weight: ``{class index: weight}``, Keras's ``class_weight``: each training
                 row's loss and metrics weighted by its class's weight (unnamed classes: 1);
@@ -126,7 +126,7 @@ class KerasFit:
         for uri in (data, options.validation_data):  # on the driver, before any task starts
             if isinstance(uri, str):
                 check_model_fits_shards(self.model, load_metadata(uri), uri)
-        from sparkdl.training.driver import run_fit
+        from sparkdl.training.driver.run_fit import run_fit
 
         history, self.model = run_fit(
             self.model, self.training_master, self._launcher(), data, options,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from sparkdl.training.host_views import HostViews, on_host_float32, read_no_copy
+from sparkdl.training.exchanges.host_views import HostViews, on_host_float32, read_no_copy
 
 
 class FlatVariables:

@@ -1,10 +1,11 @@
 """The driver's side of a fit, shared by every launcher (Spark barrier stage, local processes).
 
-:class:`~sparkdl.training.keras_fit.KerasFit` (the Keras-shaped ``fit`` of ``SparkModel``
-and ``ParallelWrapper``) builds the :class:`~sparkdl.training.fit.FitOptions` once and calls
-:func:`run_fit`, which checks them, builds the :class:`~sparkdl.training.worker.WorkerSpec`
+:class:`~sparkdl.training.driver.keras_fit.KerasFit` (the Keras-shaped ``fit`` of ``SparkModel``
+and ``ParallelWrapper``) builds the :class:`~sparkdl.training.driver.fit.FitOptions` once and calls
+:func:`run_fit`, which checks them, builds the
+:class:`~sparkdl.training.worker.run_worker.WorkerSpec`
 once, opens the event channel, runs the workers through a
-:class:`~sparkdl.training.launcher.Launcher` on a background thread while the driver's Keras
+:class:`~sparkdl.training.driver.launcher.Launcher` on a background thread while the driver's Keras
 callbacks run on the calling thread from the workers' events, and returns a
 :class:`FitResult` (Keras's ``History`` plus the job's
 :class:`~sparkdl.training.summary.FitMetrics`) with the trained model. ``SparkModel`` and
@@ -24,16 +25,16 @@ import keras
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.fit import FitOptions
-from sparkdl.training.launcher import ChannelSettings, Launcher
+from sparkdl.training.driver.fit import FitOptions
+from sparkdl.training.driver.launcher import ChannelSettings, Launcher
 from sparkdl.training.summary import WorkerResult, dense_bytes_per_step, summarize_fit
 
 if TYPE_CHECKING:
     from sparkdl.comm.channel import Message
-    from sparkdl.training.events import DriverCallbacks
+    from sparkdl.training.driver.events import DriverCallbacks
     from sparkdl.training.masters import TrainingMaster
     from sparkdl.training.summary import FitMetrics
-    from sparkdl.training.worker import CheckpointSpec, ValidationSpec, WorkerSpec
+    from sparkdl.training.worker.run_worker import CheckpointSpec, ValidationSpec, WorkerSpec
 
 log = logging.getLogger("sparkdl")
 
@@ -66,11 +67,11 @@ def run_fit(
     from sparkdl.comm.channel import ChannelServer
     from sparkdl.data.files import read_metadata
     from sparkdl.data.reader import rows_dropped_per_epoch, shuffle_mode
-    from sparkdl.training.events import DriverCallbacks, needs_weights
-    from sparkdl.training.progress import ProgressLogger, resolve_verbose
+    from sparkdl.training.driver.events import DriverCallbacks, needs_weights
+    from sparkdl.training.driver.progress import ProgressLogger, resolve_verbose
     from sparkdl.training.serialization import model_from_bytes
     from sparkdl.training.weights import check_class_weight
-    from sparkdl.training.worker import EventsSpec, make_worker_spec
+    from sparkdl.training.worker.run_worker import EventsSpec, make_worker_spec
 
     options.check()
     verbose = resolve_verbose(options.verbose)
@@ -130,7 +131,7 @@ def run_fit(
         result.model_bytes = None
     steps_per_epoch = spec.steps_per_epoch
     if len(results) != len(spec.slices):  # an elastic fit ended with another world size
-        from sparkdl.training.worker import replan
+        from sparkdl.training.worker.run_worker import replan
 
         steps_per_epoch = replan(spec, len(results)).steps_per_epoch
     history.metrics = summarize_fit(results, master, steps_per_epoch, wall)
@@ -190,7 +191,7 @@ def _run_with_events(
 
 def _validation_spec(options: FitOptions) -> ValidationSpec:
     from sparkdl.data.files import read_metadata
-    from sparkdl.training.worker import ValidationSpec
+    from sparkdl.training.worker.run_worker import ValidationSpec
 
     uri = options.validation_data
     assert uri is not None
@@ -202,8 +203,8 @@ def _validation_spec(options: FitOptions) -> ValidationSpec:
 def _checkpoint_spec(options: FitOptions) -> CheckpointSpec | None:
     if not options.checkpoint_dir:
         return None
-    from sparkdl.training.checkpoint import CheckpointPolicy, CheckpointStore
-    from sparkdl.training.worker import CheckpointSpec
+    from sparkdl.training.worker.checkpoint import CheckpointPolicy, CheckpointStore
+    from sparkdl.training.worker.run_worker import CheckpointSpec
 
     policy = CheckpointPolicy(options.checkpoint_dir, options.checkpoint_every,
                               options.checkpoint_unit)

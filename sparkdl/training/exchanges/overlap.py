@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkdl.errors import CommunicationError
-from sparkdl.training import timeline
+from sparkdl.training.worker import timeline
 
 _STOP = object()  # the worker's sentinel: exit now
 

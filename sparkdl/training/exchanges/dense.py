@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.exchange import UpdateExchange, all_finite
-from sparkdl.training.host_views import aligned_empty
+from sparkdl.training.exchanges.exchange import UpdateExchange, all_finite
+from sparkdl.training.exchanges.host_views import aligned_empty
 
 if TYPE_CHECKING:
     from collections.abc import Callable

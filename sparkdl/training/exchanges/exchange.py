@@ -12,13 +12,13 @@ import tensorflow as tf
 
 from sparkdl.comm.communicator import Communicator
 from sparkdl.errors import ConfigurationError, NonFiniteError
-from sparkdl.training import timeline
-from sparkdl.training.host_views import shared_tensor
-from sparkdl.training.loss_scale import LossScale, inner_optimizer, scale, scaled_gradients
+from sparkdl.training.exchanges.host_views import shared_tensor
+from sparkdl.training.exchanges.overlap import InFlightExchange, overlap_timeout
+from sparkdl.training.exchanges.variables import FlatVariables
 from sparkdl.training.metrics import CompiledMetrics
-from sparkdl.training.overlap import InFlightExchange, overlap_timeout
-from sparkdl.training.variables import FlatVariables
 from sparkdl.training.weights import split_target
+from sparkdl.training.worker import timeline
+from sparkdl.training.worker.loss_scale import LossScale, inner_optimizer, scale, scaled_gradients
 
 
 @dataclass
@@ -48,7 +48,8 @@ class UpdateExchange(abc.ABC):
     :meth:`compute_update`, or :class:`~sparkdl.errors.NonFiniteError` from :meth:`encode`
     (for an exchange whose encode reads the whole update anyway and checks it there). With
     ``overlap`` only :meth:`communicate` (the collective) runs on a background thread
-    (:class:`~sparkdl.training.overlap.InFlightExchange`): step t computes its update while
+    (:class:`~sparkdl.training.exchanges.overlap.InFlightExchange`): step t computes its update
+    while
     step t-1's message travels, then decodes and applies step t-1's result and sends its own
     message. Encoding and decoding stay on the main thread, so the background thread holds no
     core the gradient needs (one worker per core is the common case). :meth:`drain` applies
@@ -65,7 +66,7 @@ class UpdateExchange(abc.ABC):
 
     The step's TensorFlow graphs are compiled with XLA when the model's ``jit_compile`` is
     set (:attr:`jit_compile`), as ``model.fit`` compiles its train step (gradient sharing:
-    see :class:`~sparkdl.training.sharing.GradientSharingExchange`).
+    see :class:`~sparkdl.training.exchanges.sharing.GradientSharingExchange`).
 
     :meth:`accumulate` (Horovod's ``backward_passes_per_step``): :meth:`step` adds each
     micro-batch's gradient to a float32 sum and exchanges the mean of ``k`` of them once every
@@ -427,7 +428,7 @@ def all_finite(tensors: list[tf.Tensor]) -> tf.Tensor:
 
 class Stopwatch:
     """Accumulates named phase durations of one step; each lap is also a span of the active
-    timeline (``compute_s`` → ``compute``, see :mod:`sparkdl.training.timeline`)."""
+    timeline (``compute_s`` → ``compute``, see :mod:`sparkdl.training.worker.timeline`)."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}

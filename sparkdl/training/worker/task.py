@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sparkdl.comm import Communicator
     from sparkdl.training.summary import WorkerResult
-    from sparkdl.training.worker import WorkerSpec
+    from sparkdl.training.worker.run_worker import WorkerSpec
 
 #: Meets the other workers; returns this worker's cores (``None``: leave them as they are)
 #: and its open communicator.
@@ -38,7 +38,7 @@ def run_task(
     TensorFlow for its threads and GPUs (the GPUs already pinned by the launcher, before
     TensorFlow loaded), train, close the communicator."""
     from sparkdl.cpus import pinned
-    from sparkdl.training.worker import configure_tensorflow, run_worker
+    from sparkdl.training.worker.run_worker import configure_tensorflow, run_worker
 
     cores, comm = meet_while_tensorflow_imports(rendezvous)
     try:

@@ -1,35 +1,5 @@
-"""Direct TCP ring transport: bandwidth-optimal ring allreduce, ring allgather and pipelined
-broadcast between workers, authenticated with the per-job secret.
-
-Each rank holds two sockets: one to the next rank (it only sends on it after the handshake)
-and one from the previous rank (it only receives). One thread drives both non-blocking sockets
-with ``poll``, so sending and receiving proceed concurrently and large buffers never deadlock.
-Every frame carries a 16-byte header (magic, op, step, sequence number, length), so ranks that
-call collectives in a different order fail with :class:`CommunicationError` instead of mixing
-data.
-
-Between ranks on the same host (see :mod:`sparkdl.comm._shm`) large payloads travel through a
-shared-memory ring of slots instead of the socket: the frame header still goes over TCP with
-the ``_SHM_FLAG`` bit set in its op, followed by one small notice per filled slot; the receiver
-consumes each slot in place (adding it straight into the output during reduce-scatter) and
-returns a one-byte credit on the same connection. Every wait is therefore still a wait on a
-socket, and a dead peer is still seen as a closed connection. Payload bytes moved through
-shared memory count in :class:`TrafficCounters` as if they had been sent on the wire (plus the
-notices and credits that really are), so traffic metrics are comparable with and without it.
-
-Bounds: every collective as a whole must finish within ``timeout_s`` (a peer trickling bytes
-cannot keep it alive); a payload whose length the collective does not imply (allgather,
-broadcast) is received into a buffer that grows with the bytes that arrive, never allocated
-from the declared length; any failure, ``MemoryError`` included, raises
-:class:`CommunicationError`, marks the communicator broken and closes its sockets.
-
-Integrity (``wire_integrity="mac"``): each frame header, and each record of up to
-``MAC_RECORD_BYTES`` of its payload, is followed by a 16-byte tag (HMAC-SHA256, truncated)
-over a record counter and the bytes; keys are per connection and direction
-(:class:`_auth.Session`). Tags are verified before the bytes are used or forwarded, and shared
-memory is not used. Without it, a connection is authenticated only by its handshake: bytes
-altered or injected in an established stream go undetected.
-"""
+"""The TCP ring communicator: its collectives, and the pump that drives one collective's I/O on
+both sockets (:mod:`sparkdl.comm.tcp` describes the protocol)."""
 
 from __future__ import annotations
 
@@ -38,220 +8,51 @@ import hmac
 import logging
 import select
 import socket
-import struct
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
-from sparkdl.comm import _auth, _shm
-from sparkdl.comm._accept import RESOURCE_ERRNOS, AcceptLoop
+from sparkdl.comm import _shm
 from sparkdl.comm.communicator import (
     Communicator,
     Segments,
     TrafficCounters,
     broadcast_destination,
     check_broadcast_root,
-    check_reduce_op,
     reduce_destination,
 )
-from sparkdl.comm.network import listen_on, split_host_port
+from sparkdl.comm.tcp.frames import (
+    _ACK,
+    _HDR,
+    _MAGIC,
+    _MAX_IOV,
+    _NOTE,
+    _NOTE_MAGIC,
+    _OP_ALLGATHER,
+    _OP_BROADCAST,
+    _OP_NAMES,
+    _SHM_FLAG,
+    MAC_BYTES,
+    MAC_RECORD_BYTES,
+    MAX_MESSAGE_BYTES,
+    REDUCE_BLOCK_BYTES,
+    SHM_MIN_BYTES,
+    SHM_SLOT_BYTES,
+    _chunk_of,
+    _header,
+    _Mac,
+    _MacOut,
+    _Out,
+    _Peer,
+    _RecvStep,
+    _reduce_code,
+    _ShmData,
+    _tag,
+)
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 log = logging.getLogger("sparkdl.comm")
-
-_HDR = struct.Struct("<BBHIQ")  # magic, op, step, sequence number, payload length
-_MAGIC = 0xD7
-_OP_ALLREDUCE_F32 = 1
-_OP_ALLREDUCE_F64 = 2
-_OP_ALLGATHER = 3
-_OP_BROADCAST = 4
-_OP_NAMES = {
-    1: "allreduce(float32)",
-    2: "allreduce(float64)",
-    3: "allgather",
-    4: "broadcast",
-    # The log-depth collectives of :mod:`sparkdl.comm.mesh`, over links of this class.
-    5: "mesh allgather",
-    6: "mesh broadcast",
-    7: "mesh allreduce(float32)",
-    8: "mesh allreduce(float64)",
-    9: "allreduce(bfloat16)",
-}
-_OP_ALLREDUCE_BF16 = 9
-_DTYPE_OPS = {np.dtype(np.float32): _OP_ALLREDUCE_F32, np.dtype(np.float64): _OP_ALLREDUCE_F64}
-try:  # bfloat16 (ml_dtypes, installed with TensorFlow and JAX): the dense exchange's wire
-    import ml_dtypes
-
-    _DTYPE_OPS[np.dtype(ml_dtypes.bfloat16)] = _OP_ALLREDUCE_BF16
-except ImportError:  # pragma: no cover - without it bfloat16 arrays cannot exist
-    pass
-_SHM_FLAG = 0x80  # in a header's op: the payload follows as shared-memory notices
-_NOTE = struct.Struct("<BBHI")  # magic, 0, slot number (low 16 bits), payload bytes in the slot
-_NOTE_MAGIC = 0xC5
-_ACK = 0xA5  # one byte back per consumed slot
-
-SOCKET_BUFFER_BYTES = 4 << 20
-"""SO_SNDBUF / SO_RCVBUF requested for ring sockets (the kernel may cap it)."""
-REDUCE_BLOCK_BYTES = 256 << 10
-"""Received data is reduced and forwarded in blocks of this size (pipelining)."""
-MAX_MESSAGE_BYTES = 1 << 36
-SHM_SLOTS = 3
-"""Slots in each same-host shared-memory link (credits the sender may run ahead by)."""
-SHM_SLOT_BYTES = 2 << 20
-"""Bytes per shared-memory slot (a multiple of the page size)."""
-SHM_MIN_BYTES = 32 << 10
-"""Payloads shorter than this go over the socket even on a shared-memory link (latency)."""
-HANDSHAKE_S = 10.0
-"""Bound on one connection's authentication and shared-memory negotiation (within the ring's
-own deadline), so idle connections cannot hold a handshake slot for long."""
-_MAX_IOV = 64
-WIRE_INTEGRITY = ("none", "mac")
-MAC_BYTES = _auth.TAG_BYTES
-"""Length of the tag (truncated HMAC-SHA256) after every record with ``wire_integrity="mac"``."""
-MAC_RECORD_BYTES = REDUCE_BLOCK_BYTES
-"""Payload bytes per MAC'd record (a frame's payload is cut into records of this size)."""
-_RING_CTX = b"sparkdl-ring-v1:"
-
-
-class _Peer:
-    __slots__ = ("host", "port", "rank")
-
-    def __init__(self, rank: int, host: str, port: int) -> None:
-        self.rank, self.host, self.port = rank, host, port
-
-    def __str__(self) -> str:
-        return f"rank {self.rank} ({self.host}:{self.port})"
-
-
-class _ShmData:
-    """Payload queued for the shared-memory link (bytes not yet copied into a slot)."""
-
-    __slots__ = ("view",)
-
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
-
-
-class _Out(deque):  # type: ignore[type-arg]
-    """What is queued for the next rank: memoryviews (socket bytes) and :class:`_ShmData`."""
-
-    def header(self, hdr: memoryview, length: int) -> None:
-        self.append(hdr)
-
-    data = deque.append
-    """Queue payload bytes for the socket."""
-
-
-_Mac = _auth.RecordMac
-
-
-def _tag(h: Any) -> bytes:
-    digest: bytes = h.digest()
-    return digest[:MAC_BYTES]
-
-
-class _MacOut(_Out):
-    """A send queue that cuts every frame into records (the header, then payload pieces of up
-    to ``MAC_RECORD_BYTES``) and queues each record's tag right after it."""
-
-    def __init__(self, mac: _Mac) -> None:
-        super().__init__()
-        self._mac = mac
-        self._h: Any = None
-        self._record_left = 0
-        self._frame_left = 0
-
-    def header(self, hdr: memoryview, length: int) -> None:
-        assert self._frame_left == 0, "a frame header queued inside another frame"
-        h = self._mac.hasher()
-        h.update(hdr)
-        self.append(hdr)
-        self.append(memoryview(_tag(h)))
-        self._frame_left = length
-        self._next_record()
-
-    def _next_record(self) -> None:
-        if self._frame_left:
-            self._record_left = min(MAC_RECORD_BYTES, self._frame_left)
-            self._h = self._mac.hasher()
-
-    def data(self, view: memoryview) -> None:
-        while len(view):
-            take = min(len(view), self._record_left)
-            if not take:
-                raise CommunicationError("internal error: payload queued past its frame")
-            piece = view[:take]
-            self._h.update(piece)
-            self.append(piece)
-            self._record_left -= take
-            self._frame_left -= take
-            view = view[take:]
-            if self._record_left == 0:
-                self.append(memoryview(_tag(self._h)))
-                self._next_record()
-
-
-def _chunk_of(chunks: list[memoryview], index: int) -> Callable[[int], memoryview]:
-    """A receive target that is always ``chunks[index]`` (whatever length is announced)."""
-    return lambda _length: chunks[index]
-
-
-def _reduce_code(op: str, dtype: np.dtype) -> int:
-    """The frame op that sums ``dtype``; a clear error for another ``op`` or dtype."""
-    check_reduce_op(op)
-    code = _DTYPE_OPS.get(dtype)
-    if code is None:
-        raise ConfigurationError(
-            f"allreduce dtype: expected float32, float64 or bfloat16, got {dtype}"
-        )
-    return code
-
-
-class _RecvStep:
-    """One framed message expected from the previous rank."""
-
-    __slots__ = (
-        "length", "on_data", "on_done", "on_header", "on_shm", "step", "store", "target"
-    )
-
-    def __init__(
-        self,
-        step: int,
-        length: int | None,
-        target: Callable[[int], memoryview] | None,
-        on_header: Callable[[int], None] | None = None,
-        on_data: Callable[[memoryview, int, int], None] | None = None,
-        on_done: Callable[[], None] | None = None,
-        on_shm: Callable[[np.ndarray, int, int], None] | None = None,
-        store: Callable[[bytearray], None] | None = None,
-    ) -> None:
-        self.step = step
-        # The collective implies the length: the payload goes straight into target(length).
-        # None: any length (from the header), received into a buffer that grows with the
-        # bytes that really arrive and is handed to store() at the end.
-        self.length = length
-        self.target = target
-        self.store = store
-        self.on_header = on_header
-        self.on_data = on_data
-        self.on_done = on_done
-        # Consumes payload bytes [lo, hi) straight from a shared-memory slot; when None they
-        # are copied into the target and on_data is called.
-        self.on_shm = on_shm
-
-
-def _header(op: int, step: int, seq: int, length: int) -> memoryview:
-    return memoryview(_HDR.pack(_MAGIC, op, step & 0xFFFF, seq, length))
-
-
-def _tune(sock: socket.socket) -> None:
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
 
 
 class TcpRingCommunicator(Communicator):
@@ -1197,275 +998,3 @@ class _Pump:
         self.part = self.got = self.blen = self.cap = self.until = self.limit = 0
         self.body = self.buf = None
         self._preallocate()
-
-
-# Ring formation -----------------------------------------------------------------------------
-
-
-class _Acceptor:
-    """Accepts connections in the background until the expected peer authenticates."""
-
-    def __init__(
-        self,
-        listener: socket.socket,
-        secret: bytes,
-        ctx: bytes,
-        expected: tuple[int, int],
-        deadline: float,
-        shared_memory: bool = False,
-    ) -> None:
-        self._shared_memory = shared_memory
-        self.shm: _shm.ShmLink | None = None
-        self.handshake_bytes = (0, 0)  # shared-memory negotiation bytes (sent, received)
-        self.session: _auth.Session | None = None
-        self._secret = secret
-        self._ctx = ctx
-        self._expected = expected
-        self._deadline = deadline
-        self._lock = threading.Lock()
-        self._result: socket.socket | None = None
-        self._claimed = False
-        self._done = threading.Event()
-        self._stopped = False
-        self._loop = AcceptLoop(listener, self._handshake, what="ring", deadline=deadline)
-
-    def start(self) -> None:
-        self._loop.start()
-
-    def _handshake(self, conn: socket.socket, addr: tuple[object, ...]) -> None:
-        ok = False
-        deadline = min(self._deadline, time.monotonic() + HANDSHAKE_S)
-        try:
-            session = _auth.accept_session(conn, self._secret, self._ctx, deadline)
-            self._loop.authenticated(conn)
-            if (session.rank, session.world) != self._expected:
-                raise _auth.AuthenticationError(
-                    f"authenticated as rank {session.rank} of {session.world}, expected rank "
-                    f"{self._expected[0]} of {self._expected[1]}"
-                )
-            with self._lock:
-                if self._result is not None or self._stopped or self._claimed:
-                    return
-                self._claimed = True  # one authenticated peer goes on to negotiate
-            try:
-                link, sent, received = _shm.negotiate_acceptor(
-                    conn, self._shared_memory, SHM_SLOTS, SHM_SLOT_BYTES, deadline
-                )
-            except BaseException:
-                with self._lock:
-                    self._claimed = False
-                raise
-            with self._lock:
-                if self._result is None and not self._stopped:
-                    self._loop.detach(conn)  # before wait() can return and stop() shut it
-                    self._result = conn
-                    self.shm = link
-                    self.session = session
-                    self.handshake_bytes = (sent, received)
-                    ok = True
-                    self._done.set()
-                elif link is not None:
-                    link.close()
-        except (OSError, CommunicationError) as exc:
-            log.warning(
-                "ring: rejected connection from %s:%s: %s", addr[0], addr[1], exc or type(exc)
-            )
-        finally:
-            if not ok:
-                with contextlib.suppress(OSError):
-                    conn.close()
-
-    def wait(self) -> socket.socket | None:
-        self._done.wait(max(0.0, self._deadline - time.monotonic()))
-        with self._lock:
-            return self._result
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-        self._loop.stop()
-
-
-def _parse_hostport(text: str, rank: int) -> tuple[str, int]:
-    try:
-        return split_host_port(text)
-    except ValueError:
-        raise CommunicationError(f"rank {rank} published a bad address {text!r}") from None
-
-
-def _connect(
-    host: str,
-    port: int,
-    peer_rank: int,
-    rank: int,
-    world: int,
-    secret: bytes,
-    deadline: float,
-    shared_memory: bool = False,
-    ctx: bytes | None = None,
-) -> tuple[socket.socket, _shm.ShmLink | None, int, int, _auth.Session]:
-    """Connect to and authenticate with the next rank, then negotiate shared memory; returns
-    (socket, link or None, negotiation bytes sent, received, session). A connection that is
-    reset or closed before the handshake completes (the peer's listener shedding a flood) is
-    retried until ``deadline``; a failed authentication is not."""
-    delay = 0.01
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    last: BaseException | None = None
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise CommunicationError(
-                f"rank {rank}: could not connect to rank {peer_rank} ({host}:{port}) in time"
-                + (f" (last error: {last})" if last else "")
-            )
-        sock: socket.socket | None = None
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            _tune(sock)
-            sock.settimeout(remaining)
-            sock.connect((host, port))
-        except OSError as exc:
-            if sock is not None:
-                sock.close()
-            if isinstance(exc, TimeoutError):
-                continue
-            if not isinstance(exc, ConnectionRefusedError | ConnectionResetError) and (
-                exc.errno not in RESOURCE_ERRNOS
-            ):
-                raise CommunicationError(
-                    f"rank {rank}: cannot connect to rank {peer_rank} ({host}:{port}): {exc}"
-                ) from exc
-            last = exc
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(2 * delay, 0.5)
-            continue
-        try:
-            context = ctx if ctx is not None else _RING_CTX + str(peer_rank).encode()
-            session = _auth.authenticate_connector(sock, secret, context, rank, world, deadline)
-            link, sent, received = _shm.negotiate_connector(
-                sock, shared_memory, SHM_SLOTS, SHM_SLOT_BYTES, deadline
-            )
-        except ConnectionError as exc:
-            sock.close()
-            last = exc
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(2 * delay, 0.5)
-            continue
-        except (OSError, CommunicationError) as exc:
-            sock.close()
-            raise CommunicationError(
-                f"rank {rank}: handshake with rank {peer_rank} ({host}:{port}) failed: {exc}"
-            ) from exc
-        return sock, link, sent, received, session
-
-
-def connect_ring(
-    rank: int,
-    world_size: int,
-    exchange: Callable[[str], list[str]],
-    *,
-    secret: bytes,
-    timeout_s: float = 60.0,
-    bind_host: str = "127.0.0.1",
-    advertise_host: str | None = None,
-    port_range: tuple[int, int] | None = None,
-    shared_memory: bool = True,
-    wire_integrity: str = "none",
-) -> TcpRingCommunicator:
-    """Form the ring: listen, publish ``host:port`` through ``exchange``, connect to the next
-    rank and accept the previous one, each connection authenticated with ``secret``.
-
-    With ``shared_memory`` (and unless the environment sets ``SPARKDL_SHM=0``), neighbours
-    that prove they share a host move large payloads through shared memory; the sockets stay
-    the control channel (see :mod:`sparkdl.comm._shm`).
-
-    ``wire_integrity="mac"`` appends a keyed MAC (HMAC-SHA256, per-connection and per-direction
-    keys from ``secret`` and the handshake, with a record counter) to every record of the
-    stream and verifies it before the bytes are used; shared memory is then not used, so that
-    every payload byte is covered. With ``"none"`` (the default) frames are authenticated
-    only by the connection's handshake: bytes injected into or altered in an established
-    stream are not detected."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigurationError(
-            f"rank/world_size: expected 0 <= rank < world_size, got {rank}/{world_size}"
-        )
-    if timeout_s <= 0:
-        raise ConfigurationError(f"timeout_s: expected > 0, got {timeout_s}")
-    if wire_integrity not in WIRE_INTEGRITY:
-        raise ConfigurationError(
-            f"wire_integrity: expected one of {list(WIRE_INTEGRITY)}, got {wire_integrity!r}"
-        )
-    secret = _auth.check_secret(secret)
-    if world_size == 1:
-        return TcpRingCommunicator(rank, 1, None, None, None, None, timeout_s=timeout_s)
-    mac = wire_integrity == "mac"
-    deadline = time.monotonic() + timeout_s
-    listener = listen_on(bind_host, port_range, configure=_tune)
-    port = listener.getsockname()[1]
-    host = advertise_host or bind_host
-    if host in ("0.0.0.0", "::", ""):
-        host = socket.gethostbyname(socket.gethostname())
-    prev_rank, next_rank = (rank - 1) % world_size, (rank + 1) % world_size
-    use_shm = _shm.enabled(shared_memory) and not mac
-    acceptor = _Acceptor(
-        listener,
-        secret,
-        _RING_CTX + str(rank).encode(),
-        (prev_rank, world_size),
-        deadline,
-        shared_memory=use_shm,
-    )
-    acceptor.start()
-    next_sock: socket.socket | None = None
-    tx_shm: _shm.ShmLink | None = None
-    try:
-        try:
-            addresses = exchange(f"{host}:{port}")
-        except CommunicationError:
-            raise
-        except Exception as exc:
-            raise CommunicationError(f"rank {rank}: address exchange failed: {exc}") from exc
-        if len(addresses) != world_size:
-            raise CommunicationError(
-                f"rank {rank}: address exchange returned {len(addresses)} entries, "
-                f"expected {world_size}"
-            )
-        nh, np_ = _parse_hostport(addresses[next_rank], next_rank)
-        ph, pp = _parse_hostport(addresses[prev_rank], prev_rank)
-        next_sock, tx_shm, tx_sent, tx_received, tx_session = _connect(
-            nh, np_, next_rank, rank, world_size, secret, deadline, use_shm
-        )
-        prev_sock = acceptor.wait()
-        if prev_sock is None:
-            raise CommunicationError(
-                f"rank {rank}: rank {prev_rank} ({ph}:{pp}) did not connect and authenticate "
-                f"within {timeout_s:.1f} s"
-            )
-    except BaseException:
-        if next_sock is not None:
-            next_sock.close()
-        if tx_shm is not None:
-            tx_shm.close()
-        raise
-    finally:
-        acceptor.stop()
-    handshake = _auth.CONNECTOR_REPLY_BYTES + _auth.HANDSHAKE_BYTES_ACCEPTOR
-    rx_sent, rx_received = acceptor.handshake_bytes
-    counters = TrafficCounters(
-        bytes_sent=handshake + tx_sent + rx_sent,
-        bytes_received=handshake + tx_received + rx_received,
-    )
-    return TcpRingCommunicator(
-        rank,
-        world_size,
-        prev_sock,
-        next_sock,
-        _Peer(prev_rank, ph, pp),
-        _Peer(next_rank, nh, np_),
-        timeout_s=timeout_s,
-        counters=counters,
-        rx_shm=acceptor.shm,
-        tx_shm=tx_shm,
-        tx_mac_key=tx_session.key_c2a if mac else None,
-        rx_mac_key=acceptor.session.key_c2a if mac and acceptor.session else None,
-    )

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparkdl.compression.pieces import split_sorted
-from sparkdl.training.device_encoding import variable_device
+from sparkdl.training.exchanges.device_encoding import variable_device
 
 __all__ = ["HostViews", "aligned_empty", "on_host_float32", "read_no_copy", "shared_tensor",
            "writable"]

@@ -28,8 +28,8 @@ import tensorflow as tf
 from sparkdl.compression.memory import PiecewiseMemory
 from sparkdl.compression.pieces import Pieces
 from sparkdl.compression.threshold import ResidualPostProcessor
-from sparkdl.training.host_views import HostViews, read_no_copy
-from sparkdl.training.variables import FlatVariables
+from sparkdl.training.exchanges.host_views import HostViews, read_no_copy
+from sparkdl.training.exchanges.variables import FlatVariables
 
 __all__ = ["UpdateMemory", "UpdateVariables", "fallback_reason"]
 
