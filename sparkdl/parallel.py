@@ -26,6 +26,8 @@ from sparkdl.training.masters import TrainingMaster
 
 if TYPE_CHECKING:
     from sparkdl.training.driver.run_fit import FitResult
+    from sparkdl.training.summary import WorkerResult
+    from sparkdl.training.worker.run_worker import WorkerSpec
 
 
 class ParallelWrapper(KerasFit):
@@ -121,7 +123,7 @@ class _ProcessLauncher:
             if process.is_alive():
                 process.kill()
 
-    def run(self, spec: Any, secret: bytes) -> list[Any]:
+    def run(self, spec: WorkerSpec, secret: bytes) -> list[WorkerResult]:
         wrapper = self.wrapper
         world = len(spec.slices)
         context = mp.get_context("spawn")
@@ -143,9 +145,9 @@ class _ProcessLauncher:
 
 
 
-def _collect(results_queue: Any, processes: list[Any], timeout_s: float) -> list[dict[str, Any]]:
+def _collect(results_queue: Any, processes: list[Any], timeout_s: float) -> list[WorkerResult]:
     """Wait for every worker's result; a worker that dies or errors fails the fit."""
-    results: list[dict[str, Any]] = []
+    results: list[WorkerResult] = []
     errors: list[str] = []
     idle_since = time.monotonic()
     try:
@@ -176,7 +178,7 @@ def _collect(results_queue: Any, processes: list[Any], timeout_s: float) -> list
 
 
 def _worker_process(
-    spec: Any,
+    spec: WorkerSpec,
     rank: int,
     world_size: int,
     address: str,

@@ -80,7 +80,7 @@ def _own_log4j_config() -> bool:
     """Whether ``$SPARK_CONF_DIR`` (or ``$SPARK_HOME/conf``) holds a log4j 2 configuration."""
     conf_dir = os.environ.get("SPARK_CONF_DIR") or (
         os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None)
-    return bool(conf_dir) and Path(conf_dir, "log4j2.properties").is_file()
+    return conf_dir is not None and Path(conf_dir, "log4j2.properties").is_file()
 
 
 def ensure_java() -> None:
@@ -148,9 +148,10 @@ def get_spark(cluster: ClusterSettings | None = None, *,
         from pyspark.java_gateway import launch_gateway
 
         launch_conf = SparkConf().setAll(list(options.items()))
-        gateway = launch_gateway(launch_conf, popen_kwargs={"stderr": jvm_stderr})
+        gateway = launch_gateway(  # type: ignore[no-untyped-call]
+            launch_conf, popen_kwargs={"stderr": jvm_stderr})
         SparkContext._ensure_initialized(gateway=gateway)
-    return SparkSession.builder.config(map=options).getOrCreate()
+    return SparkSession.builder.config(map={**options}).getOrCreate()
 
 
 def starts_beside_tensorflow(cluster: ClusterSettings) -> bool:

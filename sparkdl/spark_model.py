@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import TypeIs
+
 from sparkdl.config import ClusterConfig
 from sparkdl.data.files import read_metadata
 from sparkdl.errors import ConfigurationError
@@ -84,7 +86,7 @@ class SparkModel(KerasFit):
 
     # Training --------------------------------------------------------------------------
 
-    def fit(  # type: ignore[override]
+    def fit(
         self,
         data: str | DataFrame,
         epochs: int = 1,
@@ -176,7 +178,8 @@ class SparkModel(KerasFit):
         run_store = RunLayout(store_dir=store).run_store(keep=keep_shards)
         run_store.check_reachable(master(self.spark))
         fitted = self.label_spec
-        spec = label_spec(df, label_col, self.model, label_kind or (fitted and fitted.kind),
+        kind = label_kind or (fitted.kind if fitted else None)
+        spec = label_spec(df, label_col, self.model, kind,
                           fitted.classes if fitted and fitted.kind == "class" else None)
         frame = training_frame(df, features_col, label_col, spec, weight_col)
         feature_shape = model_feature_shape(self.model)
@@ -269,7 +272,7 @@ class SparkModel(KerasFit):
 # Driver-side helpers ------------------------------------------------------------------------
 
 
-def _is_dataframe(data: Any) -> bool:
+def _is_dataframe(data: Any) -> TypeIs[DataFrame]:
     from pyspark.sql import DataFrame
 
     return isinstance(data, DataFrame)

@@ -214,7 +214,7 @@ class SparkLauncher:
         spec_bytes: bytes = CloudPickleSerializer().dumps(spec)  # type: ignore[no-untyped-call]
         num_workers = len(spec.slices)
         attempts = AttemptLog.create(spec.checkpoint.uri if spec.checkpoint else None)
-        train = training_function(spec_bytes, self.cluster.model_dump(), secret, attempts.uri)
+        train = training_function(spec_bytes, self.cluster, secret, attempts.uri)
         stage = self.spark.range(0, num_workers, 1, num_workers).mapInArrow(
             train, RESULT_SCHEMA, barrier=True, profile=self.resource_profile()
         )

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from sparkdl.config import ClusterConfig
+
 #: The training stage's output: one row per worker.
 RESULT_SCHEMA = "rank int, result binary"
 
 
 def training_function(
-    spec_bytes: bytes, cluster: dict[str, Any], secret: bytes, attempts_uri: str
+    spec_bytes: bytes, cluster: ClusterConfig, secret: bytes, attempts_uri: str
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of the training stage. Everything it needs travels in its
     closure (cloudpickled with the function); ``spec_bytes`` is the cloudpickled spec, so
@@ -52,7 +54,7 @@ def training_function(
 
 
 def _train(
-    spec_bytes: bytes, cluster: dict[str, Any], secret: bytes, attempts_uri: str
+    spec_bytes: bytes, cluster: ClusterConfig, secret: bytes, attempts_uri: str
 ) -> tuple[int, Any]:
     from pyspark import BarrierTaskContext
 
@@ -77,7 +79,7 @@ def _train(
 
 
 def _run(context: Any, rank: int, addresses: list[str], spec_bytes: bytes,
-         cluster: dict[str, Any], secret: bytes) -> Any:
+         cluster: ClusterConfig, secret: bytes) -> Any:
     """Meet the other tasks (``addresses``: every task's executor, ``host:port``, by rank),
     then train."""
     from sparkdl.comm import create_communicator
@@ -95,7 +97,7 @@ def _run(context: Any, rank: int, addresses: list[str], spec_bytes: bytes,
     host = hosts[rank]
     with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)
-    affinity = cluster.get("cpu_affinity", "auto")
+    affinity = cluster.cpu_affinity
 
     def rendezvous() -> tuple[list[int] | None, Any]:
         # the cores' sharing key rides on the communicator's first allGather: each round of
@@ -112,12 +114,12 @@ def _run(context: Any, rank: int, addresses: list[str], spec_bytes: bytes,
             return [their_message for _, their_message in replies]
 
         communicator = create_communicator(
-            cluster["transport"], rank, world, exchange,
-            secret=secret, timeout_s=cluster["timeout_s"],
-            network_mask=cluster["network_mask"], default_host=host,
-            port_range=parse_port_range(cluster["port_range"]),
-            wire_integrity=cluster["wire_integrity"],
-            topology=cluster.get("topology", "flat"), mesh=cluster.get("mesh", "plain"),
+            cluster.transport, rank, world, exchange,
+            secret=secret, timeout_s=cluster.timeout_s,
+            network_mask=cluster.network_mask, default_host=host,
+            port_range=parse_port_range(cluster.port_range),
+            wire_integrity=cluster.wire_integrity,
+            topology=cluster.topology, mesh=cluster.mesh,
             hosts=hosts,
         )
         if key is None:
