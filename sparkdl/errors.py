@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class SparkDLError(Exception):
     """Base class of every error sparkdl raises on purpose."""
@@ -25,3 +27,11 @@ class TrainingError(SparkDLError):
 
 class NonFiniteError(TrainingError):
     """A vector that must be finite (an update, a residual) holds NaN or an infinity."""
+
+
+def unknown_name(what: str, name: object, known: Iterable[object], *, where: str = "",
+                 error: type[SparkDLError] = ConfigurationError) -> SparkDLError:
+    """The error for a name a registry does not hold, worded once for every registry:
+    ``"<where>: unknown <what> '<name>'; known: a, b, c"`` (the known names sorted)."""
+    listed = ", ".join(sorted(str(k) for k in known))
+    return error(f"{where}{': ' if where else ''}unknown {what} {name!r}; known: {listed}")

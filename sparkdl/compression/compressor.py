@@ -45,7 +45,7 @@ from sparkdl.compression.threshold import (
     threshold_to_config,
 )
 from sparkdl.compression.wire import pack_frame, unpack_frame
-from sparkdl.errors import CommunicationError, ConfigurationError
+from sparkdl.errors import CommunicationError, ConfigurationError, unknown_name
 
 __all__ = [
     "Compressor",
@@ -602,10 +602,8 @@ def compressor_from_config(config: dict[str, Any]) -> CompressorConfig:
     name = config["class_name"]
     cls = _COMPRESSORS.get(name)
     if cls is None:
-        raise ConfigurationError(
-            f"unknown compressor class_name {name!r} (module {config.get('module')!r}); "
-            f"known: {sorted(_COMPRESSORS)}"
-        )
+        raise unknown_name("compressor class_name", name, _COMPRESSORS,
+                           where=f"compressor of module {config.get('module')!r}")
     args = config.get("config", {})
     if not isinstance(args, dict):
         raise ConfigurationError(f"compressor 'config' must be a dict, got {args!r}")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from sparkdl.errors import ConfigurationError, DataError
+from sparkdl.errors import ConfigurationError, DataError, unknown_name
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -357,9 +357,7 @@ def get_normalizer(name: str, **kwargs: Any) -> Normalizer:
     """A new, unfitted normalizer by short name (``standardize``, ``minmax``, ``image``)."""
     cls = NORMALIZERS.get(name)
     if cls is None:
-        raise ConfigurationError(
-            f"unknown normalizer {name!r}; known: {', '.join(sorted(NORMALIZERS))}"
-        )
+        raise unknown_name("normalizer", name, NORMALIZERS)
     return cls(**kwargs)
 
 
@@ -369,5 +367,4 @@ def normalizer_from_config(config: dict[str, Any]) -> Normalizer:
     for cls in NORMALIZERS.values():
         if cls.class_name == name:
             return cls.from_config(config)
-    known = ", ".join(c.class_name for c in NORMALIZERS.values())
-    raise ConfigurationError(f"unknown normalizer class_name {name!r}; known: {known}")
+    raise unknown_name("normalizer class_name", name, (c.class_name for c in NORMALIZERS.values()))

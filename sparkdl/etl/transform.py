@@ -17,7 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sparkdl.data.spark_errors import fail_when
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import ConfigurationError, unknown_name
 from sparkdl.etl.readers.images import shape_of, with_shape
 
 if TYPE_CHECKING:
@@ -508,9 +508,7 @@ def step_from_config(config: dict[str, Any], *, key: str = "step") -> Step:
     op = params.pop("op")
     cls = STEPS.get(op)
     if cls is None:
-        raise ConfigurationError(
-            f"{key}.op: unknown step {op!r}; known: {', '.join(sorted(STEPS))}"
-        )
+        raise unknown_name("step", op, STEPS, where=f"{key}.op")
     names = {f.name: f for f in fields(cls)}
     unknown = sorted(set(params) - set(names))
     if unknown:

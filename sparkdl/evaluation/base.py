@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from sparkdl.errors import ConfigurationError, DataError
+from sparkdl.errors import ConfigurationError, DataError, unknown_name
 
 
 class BaseEvaluation(ABC):
@@ -155,7 +155,7 @@ def evaluation_from_dict(data: dict[str, Any], *, source: str = "evaluation") ->
     """Rebuild any registered evaluation from its :meth:`~BaseEvaluation.to_dict` form."""
     kind = data.get("kind", "classification") if isinstance(data, dict) else None
     if kind not in _CLASSES:
-        raise DataError(f"{source}: unknown evaluation kind {kind!r}; known: {sorted(_CLASSES)}")
+        raise unknown_name("evaluation kind", kind, _CLASSES, where=source, error=DataError)
     try:
         check_sizes(_CLASSES[kind], data)
         return _CLASSES[kind].from_dict(data)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import unknown_name
 
 PIPELINES: dict[str, str] = {
     "digits": "sparkdl.pipelines.digits:run",
@@ -22,8 +22,6 @@ def get_pipeline(name: str) -> Callable[..., dict[str, Any]]:
     """The ``run`` function of the pipeline registered as ``name``."""
     target = PIPELINES.get(name)
     if target is None:
-        raise ConfigurationError(
-            f"unknown pipeline {name!r}; known pipelines: {', '.join(sorted(PIPELINES))}"
-        )
+        raise unknown_name("pipeline", name, PIPELINES)
     module, _, attr = target.partition(":")
     return getattr(import_module(module), attr)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sparkdl.data.files import WEIGHT
 from sparkdl.data.spark_errors import spark_data_errors
 from sparkdl.data.writer import write_shards
-from sparkdl.errors import ConfigurationError, DataError
+from sparkdl.errors import ConfigurationError, DataError, unknown_name
 from sparkdl.etl.clean import POLICIES, handle_non_finite
 from sparkdl.etl.normalizers import NORMALIZERS, get_normalizer
 from sparkdl.etl.split import train_test_split
@@ -52,10 +52,8 @@ def check_common(*, test_fraction: float, seed: int, normalizer: str | None, nan
         )
     option("seed", seed, int)
     if normalizer is not None and normalizer not in (*NORMALIZERS, "none"):
-        raise ConfigurationError(
-            f"data.options.normalizer: unknown normalizer {normalizer!r}; known: "
-            f"{', '.join([*sorted(NORMALIZERS), 'none'])}"
-        )
+        raise unknown_name("normalizer", normalizer, [*NORMALIZERS, "none"],
+                           where="data.options.normalizer")
     if nan_policy not in POLICIES:
         raise ConfigurationError(
             f"data.options.nan_policy: must be one of {POLICIES}, got {nan_policy!r}"

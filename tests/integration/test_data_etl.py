@@ -94,7 +94,7 @@ def test_split_deterministic(spark) -> None:
 def test_digits_pipeline(spark, tmp_path: Path) -> None:
     from sparkdl.pipelines import get_pipeline
 
-    with pytest.raises(ConfigurationError, match="unknown pipeline 'petastorm'; known pipelines: "
+    with pytest.raises(ConfigurationError, match="unknown pipeline 'petastorm'; known: "
                        "csv, digits, digits_split, images, iris, mnist"):
         get_pipeline("petastorm")
     out_dir = f"file://{tmp_path}/digits"

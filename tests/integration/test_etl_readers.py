@@ -40,7 +40,7 @@ def test_csv_without_header_and_column_forms(spark, tmp_path: Path) -> None:
                     [{"name": "n", "type": "long"}, {"name": "s", "type": "string"}]):
         df = read_csv(spark, f"file://{path}", columns=columns)
         assert sorted(tuple(r) for r in df.collect()) == [(1, "x"), (2, "y")]
-    with pytest.raises(ConfigurationError, match="column 'n' has unknown type 'decimal'"):
+    with pytest.raises(ConfigurationError, match="column 'n': unknown type 'decimal'"):
         read_csv(spark, str(path), columns={"n": "decimal"})
 
 

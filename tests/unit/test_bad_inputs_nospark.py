@@ -77,7 +77,7 @@ BAD_SETS = [
     ("cluster.network_mask=10.0.0.0/99", r"cluster\.network_mask: expected CIDR"),
     ("cluster.network_mask=198.51.100.0/24", r"cluster\.network_mask: no local address inside "
                                           r"198\.51\.100\.0/24"),
-    ("data.pipeline=nosuch", r"unknown pipeline 'nosuch'; known pipelines: csv, digits"),
+    ("data.pipeline=nosuch", r"unknown pipeline 'nosuch'; known: csv, digits"),
     ("data.options.colour=red", r"data\.options\.colour: unknown option for the digits "
                                 r"pipeline"),
     ("data.options.test_fraction=2", r"data\.options\.test_fraction: must be in \(0, 1\)"),

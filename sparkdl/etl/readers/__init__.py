@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import ConfigurationError, unknown_name
 from sparkdl.etl.readers.csv import read_csv
 from sparkdl.etl.readers.idx import read_idx, read_idx_header, write_idx
 from sparkdl.etl.readers.images import read_images, shape_of, with_shape
@@ -31,9 +31,7 @@ def read_source(spark: SparkSession, spec: dict[str, Any], *, key: str = "source
     fmt = options.pop("format")
     reader = READERS.get(fmt)
     if reader is None:
-        raise ConfigurationError(
-            f"{key}.format: unknown format {fmt!r}; known: {', '.join(sorted(READERS))}"
-        )
+        raise unknown_name("format", fmt, READERS, where=f"{key}.format")
     try:
         return reader(spark, **options)
     except TypeError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import ConfigurationError, unknown_name
 
 TYPES = {
     "int": "int", "integer": "int", "long": "bigint", "bigint": "bigint",
@@ -46,9 +46,7 @@ def parse_columns(columns: Any, *, key: str = "columns") -> list[tuple[str, str]
     for name, typ in pairs:
         spark_type = TYPES.get(str(typ).lower())
         if spark_type is None:
-            raise ConfigurationError(
-                f"{key}: column {name!r} has unknown type {typ!r}; known: {', '.join(TYPES)}"
-            )
+            raise unknown_name("type", typ, TYPES, where=f"{key}: column {name!r}")
         out.append((str(name), spark_type))
     names = [n for n, _ in out]
     dupes = sorted({n for n in names if names.count(n) > 1})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sparkdl.errors import ConfigurationError, DataError
+from sparkdl.errors import DataError, unknown_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -46,5 +46,5 @@ def read_sample(spark: SparkSession, name: str, *, num_partitions: int = 2) -> D
 
     loaders = {"digits": samples.load_digits_df, "iris": samples.load_iris_df}
     if name not in loaders:
-        raise ConfigurationError(f"unknown sample {name!r}; known: {', '.join(sorted(loaders))}")
+        raise unknown_name("sample", name, loaders)
     return loaders[name](spark, num_partitions)
