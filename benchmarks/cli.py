@@ -12,6 +12,7 @@ from importlib import import_module
 from pathlib import Path
 
 SUITES = {
+    "accuracy": "benchmarks.accuracy",
     "encoding": "benchmarks.encoding",
     "collectives": "benchmarks.collectives",
     "training": "benchmarks.training",

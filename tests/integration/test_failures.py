@@ -26,7 +26,7 @@ from sparkdl.errors import TrainingError
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")
-EPOCHS = 40
+EPOCHS = 16  # room to hurt a worker after the first checkpoint (step 40) and recover
 
 pytestmark = pytest.mark.spark
 
