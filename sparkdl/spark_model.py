@@ -237,7 +237,8 @@ class SparkModel(KerasFit):
                 and returned merged, as a list in the same order. For shards with several
                 outputs, a dict of such lists by output name (a missing output gets its
                 default); the result is then a dict by output name.
-            features_col, label_col: the DataFrame's columns (as in ``fit``).
+            features_col: the DataFrame's feature column(s) (as in ``fit``).
+            label_col: the DataFrame's label column (as in ``fit``).
         """
         from sparkdl.spark import inference
 

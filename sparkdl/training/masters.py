@@ -45,7 +45,8 @@ log = logging.getLogger("sparkdl.training")
 #: ``training.mode: auto`` trains a model of at most this many trainable parameters with
 #: :class:`DenseTrainingMaster` and a larger one with :class:`SharedTrainingMaster`. Below it
 #: the dense update is at most 256 KiB a step, which a 1 Gb/s link carries in about 2 ms:
-#: compression saves little time there and starves a small model (README, "Small models").
+#: compression saves little time there and starves a small model (docs/training-modes.md,
+#: "Small models").
 AUTO_DENSE_MAX_PARAMETERS = 65_536
 
 

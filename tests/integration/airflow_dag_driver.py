@@ -1,6 +1,6 @@
 """Runs jobs/airflow_dag.py's DAG once with ``dag.test()`` and writes what happened as JSON.
 
-Run with Airflow's interpreter (its own environment, see the README's Airflow section):
+Run with Airflow's interpreter (its own environment, see docs/notebooks-and-airflow.md):
 ``python airflow_dag_driver.py DAG_FILE LOGICAL_DATE RUN_CONF_JSON OUT_JSON``. Needs
 ``AIRFLOW_HOME`` (a scratch directory) and the ``spark_default`` connection in the environment.
 """

@@ -88,8 +88,9 @@ class KerasFit:
             checkpoint_dir: rank 0 checkpoints there every ``checkpoint_every`` epochs (or
                 steps, ``checkpoint_unit="steps"``); a retried stage resumes from the latest
                 checkpoint, and ``resume=True`` continues a fit that was killed as a whole.
-            prefetch, decode_threads: row groups each worker's reader decodes ahead, on how
-                many threads (DL4J's ``workerPrefetchNumBatches``).
+            prefetch: row groups each worker's reader decodes ahead (DL4J's
+                ``workerPrefetchNumBatches``).
+            decode_threads: threads that decode those row groups.
             timeline: a directory URI: every worker writes a Chrome trace of its steps there,
                 ``rank-<N>.json`` (see :mod:`sparkdl.training.worker.timeline`); the files' URIs are
                 in ``history.metrics["timeline"]``.
