@@ -140,6 +140,10 @@ class PowerSGDCompressor(Compressor):
         self._matrices: list[np.ndarray] = []  # this step's compensated M, per low-rank block
         self._compensated: np.ndarray | None = None
         self._plain = False  # this step allreduces the whole gradient (before start_step)
+        self._step = 0
+        #: ``(tensor block, step, "zero" | "not finite")`` of each ``Q`` drawn afresh after it
+        #: collapsed, for the exchange to report
+        self.redrawn: list[tuple[int, int, str]] = []
 
     # The sizes ----------------------------------------------------------------------------
 
@@ -155,12 +159,12 @@ class PowerSGDCompressor(Compressor):
 
     def _initial_qs(self) -> list[np.ndarray]:
         generator = np.random.default_rng(self.seed)
-        qs = []
-        for block in self._low:
-            q = generator.standard_normal((block.cols, self.approximation_rank)).astype(np.float32)
-            _orthogonalise(q)
-            qs.append(q)
-        return qs
+        return [self._draw_q(block, generator) for block in self._low]
+
+    def _draw_q(self, block: _Block, generator: np.random.Generator) -> np.ndarray:
+        q = generator.standard_normal((block.cols, self.approximation_rank)).astype(np.float32)
+        _orthogonalise(q)
+        return q
 
     # One step, in GRACE's order -------------------------------------------------------------
 
@@ -173,6 +177,7 @@ class PowerSGDCompressor(Compressor):
         assert isinstance(memory, HostMemory)
         compensated = memory.compensate(update)
         self._compensated = compensated
+        self._step = step
         self._plain = step < self.start_step
         if self._plain:
             first = compensated.copy()
@@ -241,9 +246,21 @@ class PowerSGDCompressor(Compressor):
             p = first_sum[at:at + block.rows * self.approximation_rank].reshape(block.rows, -1)
             size = block.cols * self.approximation_rank
             q = second_sum[offset:offset + size].reshape(block.cols, -1) / n
-            self._qs[i] = q
             approx = mean[block.start:block.stop].reshape(block.rows, block.cols)
-            np.matmul(p, q.T, out=approx)
+            if q.any() and np.isfinite(q).all() and np.isfinite(p).all():
+                np.matmul(p, q.T, out=approx)
+                self._qs[i] = q
+            else:
+                # a zero Q (a zero update: warm-started from it, P = MQ stays zero and the
+                # tensor never moves again) or a non-finite one (a column norm past float32):
+                # nothing of this tensor is sent this step (the residual keeps it) and Q is
+                # drawn afresh, from the same seed and step on every rank (q and p are the
+                # sums every rank holds, so every rank takes this branch alike)
+                approx[...] = 0
+                self._qs[i] = self._draw_q(
+                    block, np.random.default_rng([self.seed, i, self._step]))
+                self.redrawn.append(
+                    (i, self._step, "zero" if np.isfinite(q).all() else "not finite"))
             at += p.size
             offset += size
         self._matrices = []
@@ -278,6 +295,11 @@ class PowerSGDCompressor(Compressor):
                 raise ConfigurationError(
                     f"PowerSGD state q.{i} must be a float32 array of shape {q.shape}, "
                     f"got {value.dtype} array of shape {value.shape}")
+            if not np.isfinite(value).all():
+                raise ConfigurationError(
+                    f"PowerSGD state q.{i} is not finite (a corrupted checkpoint?): "
+                    f"{int(np.size(value) - np.isfinite(value).sum())} of {value.size} "
+                    "elements are NaN or infinite")
             restored.append(value.copy())
         super().set_state(state)
         self._qs = restored

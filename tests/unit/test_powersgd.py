@@ -102,6 +102,47 @@ def test_state_resumes_with_the_same_bits():
         fresh[0].set_state({"memory.residual": np.zeros(size, np.float32)})
 
 
+def test_a_tensor_whose_update_was_all_zero_once_trains_again_afterwards():
+    """A zero compensated update (a zero-initialised branch's first step) makes ``Q`` zero;
+    warm-started from it, every later ``P = MQ`` would be zero too and the tensor would never
+    move again. The collapsed ``Q`` is drawn afresh, the same on every rank."""
+    rng = np.random.default_rng(4)
+    compressors = [PowerSGDCompressor([(30, 20)], rank=2, worker_rank=r) for r in range(2)]
+    zero = np.zeros(600, np.float32)
+    means = _round(compressors, [zero, zero], 0)
+    assert not means[0].any()
+    for step in (1, 2):
+        updates = [rng.normal(size=600).astype(np.float32) for _ in range(2)]
+        means = _round(compressors, updates, step)
+        assert np.array_equal(means[0], means[1])
+    assert np.abs(means[0]).max() > 0.1, "the tensor stopped training after one zero update"
+
+
+def test_a_huge_finite_update_does_not_collapse_q_for_good():
+    """A column norm that overflows float32 (one update of 1e20) must not leave a zero or
+    non-finite ``Q``: that step's factors are dropped (error feedback keeps the update) and
+    the next steps train."""
+    rng = np.random.default_rng(5)
+    compressors = [PowerSGDCompressor([(30, 20)], rank=2, worker_rank=r) for r in range(2)]
+    huge = rng.normal(size=600).astype(np.float32) * np.float32(1e20)
+    means = _round(compressors, [huge, huge], 0)
+    assert np.isfinite(means[0]).all()
+    for compressor in compressors:  # forget the huge update, as after a clipped step
+        compressor.set_residual(np.zeros(600, np.float32))
+    updates = [rng.normal(size=600).astype(np.float32) for _ in range(2)]
+    for step in (1, 2):
+        means = _round(compressors, updates, step)
+    assert np.isfinite(means[0]).all() and np.abs(means[0]).max() > 0.1
+
+
+def test_a_non_finite_q_in_a_checkpoint_is_refused():
+    compressor = PowerSGDCompressor([(30, 20)], rank=2)
+    state = compressor.get_state()
+    state["q.0"] = np.full_like(state["q.0"], np.nan)
+    with pytest.raises(ConfigurationError, match=r"q\.0.*not finite"):
+        compressor.set_state(state)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"rank": 0}, "rank must be an integer >= 1"),
@@ -157,8 +198,9 @@ def _data(rank: int, world: int, steps: int) -> list[tuple[np.ndarray, np.ndarra
 
 
 def _fit(world: int, exchange_type: str, steps: int, overlap: bool = False,
-         state_at: int | None = None) -> list[tuple[str, float, object]]:
-    models = [_model() for _ in range(world)]
+         state_at: int | None = None, models: list[keras.Model] | None = None
+         ) -> list[tuple[str, float, object]]:
+    models = models or [_model() for _ in range(world)]
 
     def train(rank: int, comm) -> tuple[str, float, object]:  # type: ignore[no-untyped-def]
         model = models[rank]
@@ -187,6 +229,30 @@ def test_replicas_stay_bit_identical_and_train_as_well_as_dense():
     first_loss = _fit(3, "dense", 1)[0][1]
     assert powersgd[0][1] < 0.5 * first_loss  # it learns
     assert powersgd[0][1] < dense[0][1] + 0.15  # about as well as dense
+
+
+def _zero_branch_model() -> keras.Model:
+    """A tanh of a zero-initialised layer feeds a 64 x 32 kernel (compressed at rank 2): that
+    kernel's gradient is exactly zero on the first step, as a LoRA-style zero branch's is."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((12,)), keras.layers.Dense(64, "tanh", kernel_initializer="zeros"),
+        keras.layers.Dense(32, "tanh"), keras.layers.Dense(3)])
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_a_kernel_whose_first_gradient_is_zero_trains_as_under_dense():
+    moved = {}
+    for exchange in ("powersgd", "dense"):
+        models = [_zero_branch_model() for _ in range(2)]
+        before = models[0].layers[1].kernel.numpy().copy()
+        results = _fit(2, exchange, 12, models=models)
+        assert len({checksum for checksum, _, _ in results}) == 1
+        moved[exchange] = float(np.abs(models[0].layers[1].kernel.numpy() - before).max())
+    assert moved["dense"] > 0
+    assert moved["powersgd"] > 0.2 * moved["dense"], moved  # not frozen after step 0
 
 
 def test_with_overlap_replicas_stay_bit_identical():

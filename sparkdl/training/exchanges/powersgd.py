@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,8 @@ from sparkdl.compression.compressor import EncodingStats, prefixed, unprefixed
 from sparkdl.compression.powersgd import PowerSGDCompressor
 from sparkdl.training.exchanges.exchange import UpdateExchange
 from sparkdl.training.exchanges.host_views import aligned_empty
+
+log = logging.getLogger("sparkdl.training")
 
 
 class PowerSGDExchange(UpdateExchange):
@@ -51,8 +54,13 @@ class PowerSGDExchange(UpdateExchange):
 
     def decode(self, received: tuple[np.ndarray, np.ndarray], step: int) -> np.ndarray:
         first_sum, second_sum = received
-        return self.compressor.decompress(first_sum, second_sum, self.comm.world_size,
+        mean = self.compressor.decompress(first_sum, second_sum, self.comm.world_size,
                                           out=self._mean)
+        for block, at, why in self.compressor.redrawn:
+            log.warning("PowerSGD: low-rank tensor %d's factor Q collapsed (%s) at step %d; "
+                        "drawn afresh (its update waits in the residual)", block, why, at)
+        self.compressor.redrawn.clear()
+        return mean
 
     def apply(self, decoded: Any, step: int) -> dict[str, float]:
         extra = super().apply(decoded, step)
