@@ -13,7 +13,9 @@ A saved stage is a directory: Spark ML's ``metadata/`` (class and Params, JSON) 
 ``model.keras`` (the Keras model: the untrained one for an estimator, the trained one for a
 model) and, when ``customObjects`` is set, ``custom_objects.pkl``: the custom layers and
 losses by value (cloudpickle), so that a class defined in a notebook loads in a new process.
-``load`` unpickles it: load only stages you trust.
+The metadata names those objects (``sparkdlCustomObjects``): ``load`` unpickles
+``custom_objects.pkl`` only when the metadata declares it, and refuses a stage holding one it
+does not declare. Unpickling runs code: load only stages you trust.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from pyspark.ml.util import (
 
 from sparkdl.config import TrainingConfig, describe_validation_error
 from sparkdl.data.metadata import join, resolve
-from sparkdl.errors import ConfigurationError
+from sparkdl.errors import ConfigurationError, DataError
 from sparkdl.run_output import MODEL_FILE
 from sparkdl.storage import move_dir
 
@@ -57,6 +59,9 @@ if TYPE_CHECKING:
 
 _NOT_SAVED = ("customObjects", "callbacks")  # by value beside the metadata, or not at all
 CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
+#: The stage metadata's key naming the custom objects its save pickled: ``load`` unpickles
+#: ``custom_objects.pkl`` only when it is there.
+CUSTOM_OBJECTS_KEY = "sparkdlCustomObjects"
 
 log = logging.getLogger("sparkdl")
 
@@ -395,10 +400,12 @@ class _KerasStageWriter(MLWriter):
         instance = self.instance
         params = {p.name: v for p, v in instance._paramMap.items()
                   if p.name not in _NOT_SAVED}
-        DefaultParamsWriter.saveMetadata(instance, path, self.sparkSession, paramMap=params)
+        custom_objects = instance.getCustomObjects()
+        declared = {CUSTOM_OBJECTS_KEY: sorted(custom_objects)} if custom_objects else None
+        DefaultParamsWriter.saveMetadata(instance, path, self.sparkSession,
+                                         extraMetadata=declared, paramMap=params)
         fs, root = resolve(path)
         fs.create_dir(root, recursive=True)
-        custom_objects = instance.getCustomObjects()
         if custom_objects:  # classes and functions: by value, as the workers get them
             from pyspark.serializers import CloudPickleSerializer
 
@@ -426,9 +433,22 @@ class _KerasStageReader(MLReader):
         fs, root = resolve(path)
         custom_objects: dict[str, Any] = {}
         objects_path = join(root, CUSTOM_OBJECTS_FILE)
-        if fs.get_file_info(objects_path).type == pafs.FileType.File:
+        declared = metadata.get(CUSTOM_OBJECTS_KEY)
+        present = fs.get_file_info(objects_path).type == pafs.FileType.File
+        if present and not declared:
+            raise DataError(
+                f"{objects_path}: the stage's metadata declares no custom objects, so "
+                f"{CUSTOM_OBJECTS_FILE} was not written by its save: refusing to unpickle it "
+                "(remove the file, or save the stage again)")
+        if declared:
+            if not present:
+                raise DataError(f"{objects_path}: missing; the stage's metadata declares the "
+                                f"custom objects {declared}")
             with fs.open_input_stream(objects_path) as stream:
-                custom_objects = pickle.loads(stream.read())  # a pickle: trusted stages only
+                custom_objects = pickle.loads(stream.read())  # declared: a trusted stage's
+            if sorted(custom_objects) != sorted(declared):
+                raise DataError(f"{objects_path}: holds {sorted(custom_objects)}, the stage's "
+                                f"metadata declares {declared}")
         with fs.open_input_stream(join(root, MODEL_FILE)) as stream:
             model = model_from_bytes(stream.read(), custom_objects or None)
         instance = self.cls(model)

@@ -53,3 +53,28 @@ def test_an_overwrite_replaces_the_saved_model_whole(spark, tmp_path):
     np.testing.assert_array_equal(loaded.model.get_weights()[0], new.get_weights()[0])
     with pytest.raises(Exception, match="already exists"):  # Spark ML's refusal, unchanged
         KerasModel(new).write().save(str(path))
+
+
+class _Planted:
+    """Unpickling this writes a marker file: what a planted pickle could do."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (open, (self.marker, "w"))
+
+
+def test_loading_a_stage_never_unpickles_a_file_its_metadata_does_not_declare(spark, tmp_path):
+    import pickle
+
+    from sparkdl.errors import DataError
+    from sparkdl.ml import CUSTOM_OBJECTS_FILE, KerasModel
+
+    path = tmp_path / "stage"
+    KerasModel(classifier(4, 3)).write().save(str(path))  # no customObjects
+    marker = tmp_path / "ran"
+    (path / CUSTOM_OBJECTS_FILE).write_bytes(pickle.dumps(_Planted(str(marker))))
+    with pytest.raises(DataError, match=f"{CUSTOM_OBJECTS_FILE}.*declares no custom objects"):
+        KerasModel.load(str(path))
+    assert not marker.exists(), "the planted pickle ran"
