@@ -8,6 +8,7 @@ came.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -329,6 +330,23 @@ class TrainingConfig(_Section):
             if not self.checkpoint_dir:
                 raise ValueError("elastic needs checkpoint_dir: a relaunch resumes from it")
         return self
+
+    @field_validator("class_weight")
+    @classmethod
+    def _class_weight_makes_sense(cls, value: dict[int, float] | None
+                                  ) -> dict[int, float] | None:
+        # what needs no data; the classes the shards hold are checked against it by fit
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("name at least one class, {class index: weight}")
+        for key, weight in value.items():
+            if key < 0:
+                raise ValueError(f"class index {key} is negative")
+            if not math.isfinite(weight) or weight < 0:
+                raise ValueError(f"class {key}'s weight must be a finite number >= 0, "
+                                 f"got {weight:g}")
+        return value
 
     @field_validator("verbose", mode="before")
     @classmethod

@@ -118,6 +118,11 @@ BAD_SETS = [
     ("model.params.hidden=[true]", r"model\.params\.hidden: .*got \[True\]"),
     ("model.params.dropout=1.0", r"model\.params\.dropout: expected a number in \[0, 1\), "
                                  r"got 1\.0"),
+    # class weights that fit refused only after Spark had started
+    ("training.class_weight={0: -1}", r"training\.class_weight: .*class 0's weight must be a "
+                                      r"finite number >= 0, got -1"),
+    ("training.class_weight={-2: 1}", r"training\.class_weight: .*class index -2 is negative"),
+    ("training.class_weight={}", r"training\.class_weight: .*at least one class"),
 ]
 
 
