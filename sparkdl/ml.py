@@ -24,6 +24,7 @@ import logging
 import pickle
 import threading
 import uuid
+import zipfile
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,39 @@ def _to_class_weight(value: Any) -> dict[int, float]:
         raise TypeError(f"classWeight must map class indices to numbers, got {value!r}") from None
 
 
+def _to_training_config(value: Any) -> dict[str, Any]:
+    """``trainingConfig``: the ``training`` section of a job configuration, as a dict."""
+    if not isinstance(value, dict):
+        raise TypeError("trainingConfig must be a dict (the training section of a job "
+                        f"configuration), got {value!r}")
+    return value
+
+
+def _to_callbacks(value: Any) -> list[Any]:
+    """``callbacks``: Keras callbacks, in a list or tuple."""
+    import keras
+
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"callbacks must be a list of keras.callbacks.Callback, got {value!r}")
+    for callback in value:
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError("callbacks must be a list of keras.callbacks.Callback, got a "
+                            f"{type(callback).__name__} in it")
+    return list(value)
+
+
+def _to_custom_objects(value: Any) -> dict[str, Any]:
+    """``customObjects``: ``{name: class or function}``, as ``keras.models.load_model``
+    takes them."""
+    if not isinstance(value, dict):
+        raise TypeError(f"customObjects must be a dict {{name: class or function}}, got "
+                        f"{value!r}")
+    for name in value:
+        if not isinstance(name, str):
+            raise TypeError(f"customObjects names must be strings, got {name!r}")
+    return value
+
+
 class _HasLabelKind(Params):
     labelKind = Param(
         Params._dummy(), "labelKind",
@@ -120,6 +154,7 @@ class _KerasParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, _HasLabe
         Params._dummy(), "customObjects",
         "custom Keras objects by name (layers, losses, ...), as keras.models.load_model takes "
         "them; shipped to the workers and saved by value (cloudpickle)",
+        typeConverter=_to_custom_objects,
     )
 
     def getCustomObjects(self) -> dict[str, Any]:
@@ -168,7 +203,8 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
     batchSize = Param(Params._dummy(), "batchSize", "minibatch size per worker",
                       typeConverter=TypeConverters.toInt)
     trainingConfig = Param(Params._dummy(), "trainingConfig",
-                           "the training section of a sparkdl job configuration (dict)")
+                           "the training section of a sparkdl job configuration (dict)",
+                           typeConverter=_to_training_config)
     store = Param(Params._dummy(), "store", "run store URI for the shards ('' = default)",
                   typeConverter=TypeConverters.toString)
     keepShards = Param(Params._dummy(), "keepShards", "keep the shards after the process",
@@ -179,7 +215,8 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
                          "the optimizer's learning rate (0 = the model's own)",
                          typeConverter=TypeConverters.toFloat)
     callbacks = Param(Params._dummy(), "callbacks",
-                      "Keras callbacks run on the driver during the fit (not saved)")
+                      "Keras callbacks run on the driver during the fit (not saved)",
+                      typeConverter=_to_callbacks)
     validation = Param(Params._dummy(), "validation",
                        "held-out rows: a fraction in (0, 1), or a boolean column's name "
                        "(true rows held out); 0 or '' = none", typeConverter=_to_validation)
@@ -430,6 +467,10 @@ class _KerasStageReader(MLReader):
         from sparkdl.training.serialization import model_from_bytes
 
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        saved = str(metadata.get("class", "")).rpartition(".")[2]
+        if saved != self.cls.__name__:
+            raise DataError(f"{path}: holds a {saved}, not a {self.cls.__name__}: load it with "
+                            f"{saved}.load")
         fs, root = resolve(path)
         custom_objects: dict[str, Any] = {}
         objects_path = join(root, CUSTOM_OBJECTS_FILE)
@@ -449,8 +490,14 @@ class _KerasStageReader(MLReader):
             if sorted(custom_objects) != sorted(declared):
                 raise DataError(f"{objects_path}: holds {sorted(custom_objects)}, the stage's "
                                 f"metadata declares {declared}")
-        with fs.open_input_stream(join(root, MODEL_FILE)) as stream:
-            model = model_from_bytes(stream.read(), custom_objects or None)
+        model_path = join(root, MODEL_FILE)
+        with fs.open_input_stream(model_path) as stream:
+            data = stream.read()
+        try:
+            model = model_from_bytes(data, custom_objects or None)
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise DataError(f"{model_path}: not a Keras model file the stage's save wrote "
+                            f"({type(exc).__name__}: {exc})") from None
         instance = self.cls(model)
         DefaultParamsReader.getAndSetParams(instance, metadata, skipParams=list(_NOT_SAVED))
         instance._set(customObjects=custom_objects)

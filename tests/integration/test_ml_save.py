@@ -78,3 +78,19 @@ def test_loading_a_stage_never_unpickles_a_file_its_metadata_does_not_declare(sp
     with pytest.raises(DataError, match=f"{CUSTOM_OBJECTS_FILE}.*declares no custom objects"):
         KerasModel.load(str(path))
     assert not marker.exists(), "the planted pickle ran"
+
+
+def test_loading_the_wrong_kind_of_stage_or_a_truncated_model_says_which_file(spark, tmp_path):
+    from sparkdl.errors import DataError
+    from sparkdl.ml import KerasEstimator, KerasModel
+
+    estimator = tmp_path / "estimator"
+    KerasEstimator(model=classifier(4, 3), epochs=2).save(str(estimator))
+    with pytest.raises(DataError, match=r"holds a KerasEstimator, not a KerasModel"):
+        KerasModel.load(str(estimator))
+    stage = tmp_path / "stage"
+    KerasModel(classifier(4, 3)).write().save(str(stage))
+    model_file = stage / "model.keras"
+    model_file.write_bytes(model_file.read_bytes()[:100])
+    with pytest.raises(DataError, match=f"{model_file}: not a Keras model"):
+        KerasModel.load(str(stage))

@@ -82,12 +82,14 @@ def test_estimator_refuses_a_validation_column_that_is_not_boolean(spark, iris):
         KerasEstimator(model=classifier(4, 3), validation=1.5)
 
 
-def test_estimator_params_round_trip_through_save_and_load(tmp_path):
+def test_estimator_params_round_trip_through_save_and_load(spark, tmp_path):
+    import keras
+
     from sparkdl.ml import KerasEstimator
 
     estimator = KerasEstimator(model=classifier(4, 3), classWeight={0: 1.0, 2: 3.0},
                                validation="held", sampleWeightCol="w", learningRate=0.01,
-                               callbacks=[object()])
+                               callbacks=[keras.callbacks.Callback()])
     estimator.save(str(tmp_path / "estimator"))
     loaded = KerasEstimator.load(str(tmp_path / "estimator"))
     assert loaded.getOrDefault("classWeight") == {0: 1.0, 2: 3.0}
