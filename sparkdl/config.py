@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from sparkdl.errors import ConfigurationError
+from sparkdl.session import DEFAULT_APP_NAME, DEFAULT_MASTER
 
 #: The longest ``cluster.timeout_s`` (about 11.6 days): the waits it bounds double it, and
 #: Python's own waits refuse timeouts above ``threading.TIMEOUT_MAX`` (about 9.2e9 s).
@@ -55,11 +56,11 @@ class ClusterConfig(_Section):
     """Where and how workers run and talk (DL4J's VoidConfiguration)."""
 
     master: str | None = Field(
-        default="local[2]",
+        default=DEFAULT_MASTER,
         description="Spark master when the job creates its own session; ignored when a "
         "session already exists or spark-submit set one.",
     )
-    app_name: str = "sparkdl"
+    app_name: str = DEFAULT_APP_NAME
     transport: Literal["tcp", "spark"] = "tcp"
     timeout_s: float = Field(
         default=120.0, gt=0, le=MAX_TIMEOUT_S,

@@ -40,11 +40,17 @@ class ClusterSettings(Protocol):
     def spark_conf(self) -> Mapping[str, str]: ...
 
 
-class _NoSettings:
-    """:func:`get_spark` without a configuration: pyspark's defaults, named sparkdl."""
+#: The master and application name of a session sparkdl starts, unless configured
+#: (``cluster.master``, ``cluster.app_name`` default to these).
+DEFAULT_MASTER = "local[2]"
+DEFAULT_APP_NAME = "sparkdl"
 
-    app_name = "sparkdl"
-    master: str | None = None
+
+class _NoSettings:
+    """:func:`get_spark` without a configuration: the defaults ``ClusterConfig`` has."""
+
+    app_name = DEFAULT_APP_NAME
+    master: str | None = DEFAULT_MASTER
     spark_conf: Mapping[str, str] = {}
 
 
