@@ -15,10 +15,11 @@ from typing import Any
 from sparkdl.comm.rendezvous import TcpStoreServer, store_exchange
 
 SECRET = b"0123456789abcdef-test-secret"
-# Ranks are forked by a fork server: a fresh interpreter that has imported numpy and
-# sparkdl.comm alone. Forking the pytest process itself is unsafe once TensorFlow, gRPC or the
-# JVM gateway have started their threads: a child forked while one of them holds an abseil
-# mutex aborts on its first use of it ("Check w->waitp->cond == nullptr failed").
+# Ranks are forked by a fork server: a fresh interpreter that has imported pytest, numpy and
+# sparkdl.comm alone (the list below). Forking the pytest process itself is unsafe once
+# TensorFlow, gRPC or the JVM gateway have started their threads: a child forked while one of
+# them holds an abseil mutex aborts on its first use of it ("Check w->waitp->cond == nullptr
+# failed").
 # Each child runs the parent's main script again (pytest's, which imports pytest): preloading
 # pytest keeps that cheap ("__main__" in the list would not: Python 3.11 never passes the
 # server the main script's path).
