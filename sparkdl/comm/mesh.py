@@ -25,7 +25,12 @@ rank, over which it runs:
 Every link is a :class:`~sparkdl.comm.tcp.TcpRingCommunicator` (one socket to a peer, one from
 a peer), so frames, MACs (``wire_integrity="mac"``), frame checks and failure handling are the
 ring's: each frame carries a mesh op code, the step and the collective's sequence number, so
-ranks that call collectives in a different order fail with "is out of step". A whole
+ranks that call collectives in a different order fail with "is out of step". A broadcast and
+an allreduce open with an **announce** frame on the ring (step 0: the root, or the vector's
+bytes, as uint64), since their own steps run over other links: a rank that called another
+collective there, or the ring's own under ``auto``, or another root or size, is told at that
+first frame, on both sides, instead of waiting on a link its peer never writes to until the
+timeout (allgather needs none: Bruck's first step is the ring). A whole
 collective, all its steps, is bounded by one ``timeout_s``; any failure breaks every link of
 the communicator (so neighbours fail promptly too).
 
@@ -57,7 +62,7 @@ from sparkdl.comm.communicator import (
 )
 from sparkdl.comm.network import listen_on
 from sparkdl.comm.tcp.formation import _Acceptor, _connect, connect_ring
-from sparkdl.comm.tcp.frames import _Peer, _tune
+from sparkdl.comm.tcp.frames import _OP_NAMES, _Peer, _tune
 from sparkdl.comm.tcp.ring import TcpRingCommunicator
 from sparkdl.errors import CommunicationError, ConfigurationError
 
@@ -299,6 +304,22 @@ class MeshCommunicator(Communicator):
                 link._close_sockets()
             raise
 
+    def _announce(self, op: int, seq: int, value: int, what: str, deadline: float) -> None:
+        """Step 0 of a broadcast or allreduce, on the ring: send ``value`` (the root, or the
+        vector's bytes) to the next rank and check the previous rank's against it, so that a
+        rank in another collective (whose first frame differs) or with another root or size is
+        out of step at once rather than never heard from on another link."""
+        got = self.ring._exchange(op, 0, seq, memoryview(_LEN.pack(value)), True, _LEN.size,
+                                  deadline)
+        assert got is not None
+        theirs = _LEN.unpack(bytes(got))[0]
+        if theirs != value:
+            raise CommunicationError(
+                f"rank {self.rank}: {self.ring._prev_peer} is out of step: expected "
+                f"{_OP_NAMES[op]} seq {seq} with {what} {value}, received {what} {theirs} "
+                "(ranks called collectives with different sizes or roots)"
+            )
+
     def _bruck(self, data: memoryview, seq: int, deadline: float) -> list[bytes]:
         n, r = self.world_size, self.rank
         held: list[memoryview] = [data]  # held[i]: rank (r - i)'s message
@@ -320,8 +341,9 @@ class MeshCommunicator(Communicator):
     ) -> bytes:
         n, r = self.world_size, self.rank
         v = (r - root) % n
+        self._announce(_OP_BROADCAST, seq, root, "root", deadline)
         data = memoryview(message).cast("B") if v == 0 else None  # type: ignore[arg-type]
-        for k, d in enumerate(distances(n)):
+        for k, d in enumerate(distances(n), start=1):
             link = self._shifts[d]
             if v < d and v + d < n:
                 assert data is not None
@@ -337,6 +359,7 @@ class MeshCommunicator(Communicator):
                           out: np.ndarray | None = None) -> np.ndarray:
         n, r = self.world_size, self.rank
         code = _OP_ALLREDUCE[src.dtype]
+        self._announce(code, seq, src.nbytes, "bytes", deadline)
         p, rem = _fold(n)
         if out is None:
             x = src.copy()

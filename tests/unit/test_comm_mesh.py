@@ -197,6 +197,62 @@ def test_desynchronized_ranks_fail_instead_of_mixing_data() -> None:
     assert not any("not complete within" in m for m in messages), messages
 
 
+def _first_error(call: Any) -> str:
+    try:
+        call()
+    except CommunicationError as exc:
+        return str(exc)
+    return "ok"
+
+
+@pytest.mark.parametrize("other", ["allgather", "broadcast", "barrier"])
+def test_a_mesh_allreduce_against_another_collective_is_out_of_step_on_every_rank(
+    other: str,
+) -> None:
+    """An allreduce runs over its own partner links and a broadcast's later steps over the
+    distance links: a rank calling another collective must still be told at the first frame
+    (both ranks), not after the whole ``timeout_s``."""
+
+    def body(rank: int, comm: Any) -> str:
+        if rank == 0:
+            return _first_error(lambda: comm.allreduce(np.ones(5, np.float32)))
+        calls = {"allgather": lambda: comm.allgather(b"y"),
+                 "broadcast": lambda: comm.broadcast(b"x" * 10, root=1),
+                 "barrier": comm.barrier}
+        return _first_error(calls[other])
+
+    messages = run_threads(2, body, mesh="mesh", comm_timeout_s=30)
+    assert all("is out of step" in m for m in messages), messages
+
+
+def test_a_mesh_broadcast_against_an_allreduce_is_out_of_step_on_every_rank() -> None:
+    def body(rank: int, comm: Any) -> str:
+        if rank % 2 == 0:
+            return _first_error(lambda: comm.broadcast(b"x" * 10, root=0))
+        return _first_error(lambda: comm.allreduce(np.ones(5, np.float32)))
+
+    messages = run_threads(4, body, mesh="mesh", comm_timeout_s=30)
+    assert all("is out of step" in m for m in messages), messages
+
+
+def test_auto_allreduces_of_sizes_on_either_side_of_the_limit_are_out_of_step() -> None:
+    """Under ``auto`` a vector up to AUTO_MAX_REDUCE_BYTES takes halving-doubling and a larger
+    one the ring: ranks that disagree on the size must not wait for each other on different
+    links until the timeout."""
+    from sparkdl.comm.mesh import AUTO_MAX_REDUCE_BYTES
+
+    small = AUTO_MAX_REDUCE_BYTES // 4
+    large = small + 1
+
+    def body(rank: int, comm: Any) -> str:
+        return _first_error(
+            lambda: comm.allreduce(np.ones(small if rank % 2 else large, np.float32))
+        )
+
+    messages = run_threads(4, body, mesh="auto", comm_timeout_s=30)
+    assert all("is out of step" in m for m in messages), messages
+
+
 def _gather_until_error(rank: int, world: int, exchange: Any, timeout_s: float, ready: Any):
     comm = connect_mesh(rank, world, exchange, secret=SECRET, timeout_s=timeout_s)
     comm.allreduce(np.ones(10, np.float32))
@@ -268,7 +324,8 @@ def test_a_link_accepts_only_the_peer_authenticated_for_it() -> None:
 def test_auto_chooses_by_rank_count_and_the_size_every_rank_knows() -> None:
     """At 4 ranks, ``auto`` runs an allgather by Bruck while the previous one's largest
     message was small (the frames show it: 8 bytes of length per message, one header per
-    step) and by the ring after a large one; an allreduce by halving-doubling up to 64 KiB."""
+    step) and by the ring after a large one; an allreduce by halving-doubling up to 64 KiB (after
+its announce frame on the ring)."""
 
     def body(rank: int, comm: Any) -> list[int]:
         got = []
@@ -285,7 +342,8 @@ def test_auto_chooses_by_rank_count_and_the_size_every_rank_knows() -> None:
     header, world = 16, 4
     bruck = [3 * (m + 8) + 2 * header for m in (100, 20_000)]
     ring = 3 * (100 + header)
-    halving = 2 * (2000 + 1000) + 4 * header  # 1000 floats: a half, a quarter, back
+    announce = header + 8  # the vector's bytes, on the ring, before the first step
+    halving = 2 * (2000 + 1000) + 4 * header + announce  # 1000 floats: a half, a quarter, back
     ring_reduce = 6 * (20_000 + header)  # 20_000 floats (80 KB): 6 chunks of 5_000
     want = [bruck[0], bruck[1], ring, bruck[0], halving, ring_reduce]
     assert run_threads(world, body, mesh="auto") == [want] * world
