@@ -15,7 +15,8 @@ Shards are shared between processes through **leases**, files under
                when it exits)
 ``keep-TOKEN`` a process asked to keep it (``keep=True``); never removed by sparkdl
 ``temporary``  the writer did not ask to keep it: the last user may delete it
-``retiring-T`` a process is deleting the entry
+``retiring-T`` a process is deleting the entry (``T`` is its token, ``HOST-PID-RANDOM``)
+``retired-T``  a directory: the entry's files, moved away to be deleted
 ============== ==========================================================================
 
 At exit (or :meth:`RunStore.cleanup`) a process removes its ``use`` leases; for a temporary
@@ -24,6 +25,22 @@ entry it then writes ``retiring-T``, lists the leases and deletes the entry only
 waits (bounded) while a ``retiring`` file is there: of two processes racing, at least one sees
 the other's file, so an entry is never deleted under a process that reuses it. A process that
 dies without cleaning up leaves its lease: the entry stays (deleting it is then up to you).
+
+A deletion is made so that a crash at any point leaves either the whole entry or an entry no
+reader uses: it removes the entry's ``_sparkdl.json`` first (readers and reusers take an entry
+without it for absent), then ``temporary``, moves the directory to ``retired-T``, removes
+``retiring-T``, and only then deletes the files. The next process to use the key cleans what
+a crash left: a ``retiring`` marker older than :data:`RETIRE_WAIT_S` (by its time stamp, or by
+how long this process waited on it) is removed with a warning naming its host, process and
+age, so at most one process ever waits on it; a ``retired`` directory whose marker is gone is
+deleted; an entry directory without ``_sparkdl.json`` is moved away and deleted before the
+shards are written again. ``write(uri)`` must publish atomically, as
+:func:`~sparkdl.data.writer.write_shards` does (a temporary sibling renamed into place): a
+directory without ``_sparkdl.json`` at ``uri`` is never a write in progress.
+
+:data:`_retire_step`, when set, is called with the name of each step of a deletion as it
+completes (``"marked"``, ``"unpublished"``, ``"untemporary"``, ``"moved"``, ``"unmarked"``,
+``"deleted"``): the tests kill a process there.
 """
 
 from __future__ import annotations
@@ -52,6 +69,16 @@ log = logging.getLogger("sparkdl")
 LEASES = ".sparkdl-leases"
 TEMPORARY = "temporary"
 RETIRE_WAIT_S = 60.0  # how long a reuser waits for another process's deletion to finish
+RETIRING = "retiring-"
+RETIRED = "retired-"
+
+# a test hook: called with each step's name as a deletion completes it (see the docstring)
+_retire_step: Callable[[str], None] | None = None
+
+
+def _step(name: str) -> None:
+    if _retire_step is not None:
+        _retire_step(name)
 
 
 class RunStore:
@@ -97,16 +124,13 @@ class RunStore:
         found = key if isinstance(key, Fingerprint) else Fingerprint(key, True, "same key")
         name = found.key
         self._lease(name)
-        if found.reusable and not self._wait_unretired(name):
-            name = f"{found.key}-{secrets.token_hex(4)}"
-            self._lease(name)
-            found = Fingerprint(name, False, f"{found.key} is being deleted by another "
-                                f"process for over {RETIRE_WAIT_S:.0f} s")
+        self._settle(name)
         uri = join(self.root, name)
         fs, path = resolve(uri)
         if found.reusable and _is_file(fs, join(path, METADATA_FILE)):
             log.info("reusing shards %s: %s", uri, found.why)
             return uri
+        self._discard_remains(name)
         reason = found.why if not found.reusable else f"no shards in the store yet for {found.why}"
         log.info("writing shards %s: %s", uri, reason)
         try:
@@ -143,15 +167,67 @@ class RunStore:
                 _write(self._lease_dir(key), f"{kind}-{self.token}")
                 self._leased.add(key)
 
-    def _wait_unretired(self, key: str) -> bool:
-        """Wait while another process deletes ``key`` (``False`` when that takes longer than
-        :data:`RETIRE_WAIT_S`); hold its lease first, so that the deleter sees it."""
-        deadline = time.monotonic() + RETIRE_WAIT_S
-        while any(n.startswith("retiring-") for n in _names(self._lease_dir(key))):
-            if time.monotonic() > deadline:
-                return False
+    def _settle(self, key: str) -> None:
+        """Wait while another process deletes ``key``; hold its lease first, so that the
+        deleter sees it. Clean what a crashed deletion left: a ``retiring`` marker older than
+        :data:`RETIRE_WAIT_S` (by its time stamp or by this wait), a ``retired`` directory
+        without its marker (its deleter died, or is deleting it too)."""
+        folder = self._lease_dir(key)
+        fs, path = resolve(folder)
+        start = time.monotonic()
+        while True:
+            waited = time.monotonic() - start
+            infos = _infos(folder)
+            young = False
+            for info in infos:
+                if not info.base_name.startswith(RETIRING):
+                    continue
+                age = max(_age_s(info), waited)
+                if age <= RETIRE_WAIT_S:
+                    young = True
+                    continue
+                host, pid = _host_pid(info.base_name.removeprefix(RETIRING))
+                log.warning(
+                    "removing %s: a deletion of shards %s by host %s, process %s, started "
+                    "%.0f s ago and never finished (it is taken as dead after %.0f s)",
+                    join(folder, info.base_name), join(self.root, key), host, pid, age,
+                    RETIRE_WAIT_S,
+                )
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(join(path, info.base_name))
+            if not young:
+                break
             time.sleep(0.05)
-        return True
+        # no marker is left: every retired directory is a dead deleter's, or one about to go
+        for info in infos:
+            if info.base_name.startswith(RETIRED):
+                with contextlib.suppress(OSError):
+                    fs.delete_dir(join(path, info.base_name))
+
+    def _discard_remains(self, key: str) -> None:
+        """Move away and delete an entry directory without ``_sparkdl.json`` (what a crashed
+        deletion left), so that the shards can be written there again."""
+        fs, path = resolve(join(self.root, key))
+        if (fs.get_file_info(path).type != pafs.FileType.Directory
+                or _is_file(fs, join(path, METADATA_FILE))):
+            return
+        log.warning("removing %s: shards without %s, left by a deletion that did not finish",
+                    join(self.root, key), METADATA_FILE)
+        _, lease_path = resolve(self._lease_dir(key))
+        retired = join(lease_path, f"{RETIRED}{self.token}-{secrets.token_hex(4)}")
+        try:
+            fs.move(path, retired)
+        except FileNotFoundError:
+            return  # another process moved it meanwhile
+        except OSError:
+            retired = path  # a filesystem that cannot move directories: delete in place
+        if retired != path and _is_file(fs, join(retired, METADATA_FILE)):
+            # another process published whole shards there just now: put them back (if the
+            # move fails, the path holds newer shards and these are garbage)
+            with contextlib.suppress(OSError):
+                fs.move(retired, path)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(retired)
 
     def _leave(self, key: str) -> None:
         folder = self._lease_dir(key)
@@ -159,18 +235,41 @@ class RunStore:
         fs.delete_file(join(path, f"use-{self.token}"))
         if TEMPORARY not in _names(folder):
             return  # kept by its writer, or written before leases: never deleted here
-        retiring = join(path, f"retiring-{self.token}")
-        _write(folder, f"retiring-{self.token}")
+        marker = f"{RETIRING}{self.token}"
+        _write(folder, marker)
+        marked = True
         try:
             if any(n.startswith(("use-", "keep-")) for n in _names(folder)):
                 return  # someone else holds it: the last one to leave deletes it
+            _step("marked")
             entry_fs, entry = resolve(join(self.root, key))
             with contextlib.suppress(FileNotFoundError):
-                entry_fs.delete_dir(entry)
+                entry_fs.delete_file(join(entry, METADATA_FILE))  # no reader uses it now
+            _step("unpublished")
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(join(path, TEMPORARY))
+            _step("untemporary")
+            retired = join(path, f"{RETIRED}{self.token}")
+            try:
+                entry_fs.move(entry, retired)
+            except FileNotFoundError:
+                retired = ""
+            except OSError:
+                retired = entry  # a filesystem that cannot move directories: delete in place
+            _step("moved")
+            if retired == entry:
+                with contextlib.suppress(FileNotFoundError):
+                    entry_fs.delete_dir(entry)
+            fs.delete_file(join(path, marker))
+            marked = False
+            _step("unmarked")
+            if retired and retired != entry:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_dir(retired)
+            _step("deleted")
         finally:
-            fs.delete_file(retiring)
+            if marked:
+                fs.delete_file(join(path, marker))
 
     def _at_exit(self) -> None:
         self.cleanup()
@@ -182,10 +281,25 @@ def _is_file(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type == pafs.FileType.File
 
 
-def _names(folder: str) -> list[str]:
+def _infos(folder: str) -> list[pafs.FileInfo]:
     fs, path = resolve(folder)
-    selector = pafs.FileSelector(path, allow_not_found=True)
-    return [info.base_name for info in fs.get_file_info(selector)]
+    return list(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
+
+
+def _names(folder: str) -> list[str]:
+    return [info.base_name for info in _infos(folder)]
+
+
+def _age_s(info: pafs.FileInfo) -> float:
+    """Seconds since ``info`` was last modified (0 where the filesystem does not say)."""
+    mtime_ns = info.mtime_ns
+    return 0.0 if mtime_ns is None else max(0.0, time.time() - mtime_ns / 1e9)
+
+
+def _host_pid(token: str) -> tuple[str, str]:
+    """The host and process id in a store's token (``HOST-PID-RANDOM``)."""
+    parts = token.rsplit("-", 2)
+    return (parts[0], parts[1]) if len(parts) == 3 else (token, "unknown")
 
 
 def _write(folder: str, name: str) -> None:

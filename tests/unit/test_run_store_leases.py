@@ -78,7 +78,8 @@ def test_an_entry_kept_by_its_writer_survives_every_reusers_exit(tmp_path):
     assert _entry_complete(tmp_path)
 
 
-def test_a_deletion_that_never_finishes_makes_the_reuser_write_afresh(tmp_path, monkeypatch):
+def test_a_deletion_that_never_finishes_is_waited_on_for_the_bound_then_cleaned(
+        tmp_path, monkeypatch):
     from sparkdl.data import store
 
     monkeypatch.setattr(store, "RETIRE_WAIT_S", 0.2)
@@ -86,12 +87,12 @@ def test_a_deletion_that_never_finishes_makes_the_reuser_write_afresh(tmp_path, 
     (tmp_path / KEY / METADATA_FILE).write_text("{}")
     leases = tmp_path / store.LEASES / KEY
     leases.mkdir(parents=True)
-    (leases / "retiring-a-process-that-died").write_text("")
-    written: list[str] = []
-    reuser = RunStore(str(tmp_path))
+    (leases / "retiring-a-host-123-dead").write_text("")
+    reuser = RunStore(str(tmp_path), keep=True)
     try:
-        uri = reuser.shards(KEY, written.append)
+        # the metadata is still there: the deletion had not begun, the entry is whole
+        assert reuser.shards(KEY, _must_not_write).endswith(f"/{KEY}")
+        assert not (leases / "retiring-a-host-123-dead").exists()  # no one waits on it again
     finally:
         reuser.cleanup()
-    assert written == [uri] and f"/{KEY}-" in uri  # not the entry being deleted
-    assert _entry_complete(tmp_path)  # still there: the deletion is the other process's
+    assert _entry_complete(tmp_path)
