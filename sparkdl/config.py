@@ -32,6 +32,19 @@ from sparkdl.session import DEFAULT_APP_NAME, DEFAULT_MASTER
 MAX_TIMEOUT_S = 1e6
 
 
+class _KeysError(ValueError):
+    """A section's check of keys that mean something only together: its message starts with
+    the key inside the section (``overlap: true applies ...``), so the error names
+    ``training.overlap`` and the values, never the whole section's mapping."""
+
+
+#: The largest ``training.powersgd.rank``: a matrix is compressed only where its factors are
+#: ``min_compression`` times smaller, i.e. both its dimensions at least about 4x the rank, so
+#: a rank above this compresses nothing short of a 4096 x 4096 matrix (PowerSGD's paper uses
+#: 1 to 4); the fit says when the rank exceeds every matrix of the model.
+MAX_POWERSGD_RANK = 1024
+
+
 class _Section(BaseModel):
     # strict: no bool for an int or float (``num_workers: true`` is not 1), no number for a
     # string, no "1" for a bool; allow_inf_nan: ``.inf`` and ``.nan`` are refused everywhere.
@@ -150,7 +163,8 @@ class ModelConfig(_Section):
 class PowerSGDConfig(_Section):
     """PowerSGD (``sparkdl.compression.powersgd``; ``training.compression: powersgd``)."""
 
-    rank: int = Field(default=4, ge=1, description="the approximation rank r")
+    rank: int = Field(default=4, ge=1, le=MAX_POWERSGD_RANK,
+                      description="the approximation rank r")
     min_compression: float = Field(
         default=2.0, ge=1,
         description="compress a tensor only where its factors are this many times smaller",
@@ -185,7 +199,7 @@ class ThresholdConfig(_Section):
     @model_validator(mode="after")
     def _band(self) -> ThresholdConfig:
         if self.min_sparsity > self.max_sparsity:
-            raise ValueError(
+            raise _KeysError(
                 f"min_sparsity ({self.min_sparsity!r}) must be <= max_sparsity "
                 f"({self.max_sparsity!r})"
             )
@@ -303,7 +317,7 @@ class TrainingConfig(_Section):
     @model_validator(mode="after")
     def _overlap_mode(self) -> TrainingConfig:
         if self.overlap and self.mode == "averaging":
-            raise ValueError(
+            raise _KeysError(
                 "overlap: true applies to mode 'sharing' or 'dense', not 'averaging'"
             )
         return self
@@ -311,25 +325,35 @@ class TrainingConfig(_Section):
     @model_validator(mode="after")
     def _wire_mode(self) -> TrainingConfig:
         if self.wire_dtype != "float32" and self.mode in ("sharing", "averaging"):
-            raise ValueError(f"wire_dtype applies to mode 'dense', not {self.mode!r}")
+            raise _KeysError(f"wire_dtype: {self.wire_dtype!r} applies to mode 'dense', not "
+                             f"{self.mode!r}")
         return self
 
     @model_validator(mode="after")
     def _accumulate_mode(self) -> TrainingConfig:
         if self.accumulate_steps > 1 and self.mode in ("sharing", "averaging"):
-            raise ValueError(f"accumulate_steps applies to mode 'dense', not {self.mode!r}")
+            raise _KeysError(f"accumulate_steps: {self.accumulate_steps} applies to mode "
+                             f"'dense', not {self.mode!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _compression_mode(self) -> TrainingConfig:
+        # averaging and dense exchange no compressed message: the key would be ignored
+        if self.compression != "threshold" and self.mode in ("averaging", "dense"):
+            raise _KeysError(f"compression: {self.compression!r} applies to mode 'sharing' or "
+                             f"'auto', not {self.mode!r}")
         return self
 
     @model_validator(mode="after")
     def _elastic_fits(self) -> TrainingConfig:
         if self.elastic is not None:
             if self.elastic.min_workers > self.num_workers:
-                raise ValueError(
+                raise _KeysError(
                     f"elastic.min_workers={self.elastic.min_workers} is more than "
                     f"num_workers={self.num_workers}"
                 )
             if not self.checkpoint_dir:
-                raise ValueError("elastic needs checkpoint_dir: a relaunch resumes from it")
+                raise _KeysError("elastic needs checkpoint_dir: a relaunch resumes from it")
         return self
 
     @field_validator("class_weight")
@@ -607,8 +631,11 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     lines = []
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"])
+        cause = error.get("ctx", {}).get("error")
         if error["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key {key!r}")
+        elif isinstance(cause, _KeysError):  # names its keys and values itself
+            lines.append(f"{source}: {key}.{cause}" if key else f"{source}: {cause}")
         else:
             got = error.get("input")
             lines.append(f"{source}: {key}: {error['msg'].lower()}, got {got!r}")

@@ -55,6 +55,8 @@ def preflight(config: JobConfig, stage: str, *, model: bool = True) -> None:
     if stage in MODEL_CHECKED:
         if model:
             check_model(config)
+        if stage == "train":  # the pipeline writes its shards first: fit checks them then
+            check_class_weight(config)
         training = config.training
         for key, value in (("training.checkpoint_dir", training.checkpoint_dir),
                            ("training.tensorboard_dir", training.tensorboard_dir),
@@ -95,6 +97,35 @@ def check_cluster(config: JobConfig) -> None:
                 select_bind_address(cluster.network_mask)
             except ConfigurationError as exc:
                 raise ConfigurationError(f"cluster.{exc}") from None
+
+
+    cores = cluster.spark_conf.get("spark.executor.cores")
+    if (cluster.task_cpus and cores and cores.isdigit() and cluster.task_cpus > int(cores)
+            and not os.environ.get("SPARK_REMOTE")):  # the configuration's settings win
+        raise ConfigurationError(
+            f"cluster.task_cpus={cluster.task_cpus} is more than spark.executor.cores={cores} "
+            "(cluster.spark_conf): no executor could run a training task"
+        )
+
+
+def check_class_weight(config: JobConfig) -> None:
+    """``training.class_weight`` against the classes of train shards already written (the
+    ETL's ``_sparkdl.json``, on a local filesystem); absent shards are the ETL's to write."""
+    class_weight = config.training.class_weight
+    if not class_weight:
+        return
+    from sparkdl.data.metadata import METADATA_FILE, load_metadata
+    from sparkdl.stages import shard_uris
+    from sparkdl.training.weights import check_class_weight as check
+
+    uri = shard_uris(config)[0]
+    local = _local(uri)
+    if local is None or not (local / METADATA_FILE).is_file():
+        return
+    try:
+        check(class_weight, load_metadata(uri), uri)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"training.{exc}") from None
 
 
 def check_pipeline(config: JobConfig) -> None:

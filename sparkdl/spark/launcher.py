@@ -88,6 +88,7 @@ class SparkLauncher:
     def check_slots(self, num_workers: int) -> None:
         """Fail fast when the stage cannot get ``num_workers`` slots at once (barrier mode
         waits for all of them); a figure the session does not offer is skipped, said once."""
+        self._check_task_cpus()
         slots = self.task_slots()
         if slots is None:
             log.info("the task slots are unknown on this session: not checked "
@@ -114,6 +115,29 @@ class SparkLauncher:
                 f"({executors} executor(s) x spark.executor.resource.gpu.amount="
                 f"{executor_gpus} / {task_gpus:g} GPU(s) per task); "
                 "barrier mode needs one slot per worker"
+            )
+
+    def _check_task_cpus(self) -> None:
+        """``cluster.task_cpus`` against the cores a task can have on this session: the
+        machine's on a local master (whose stage has the task's threads), else
+        ``spark.executor.cores`` when set (no executor could run the stage otherwise; the
+        barrier stage would wait for ever). Here, not before Spark starts: spark-submit's
+        master and settings win over the configuration's."""
+        if not self.task_cpus:
+            return
+        if session.is_local(self.spark):
+            cores = session.cores_from_settings(session.master(self.spark), {})
+            if cores is not None and self.task_cpus > cores:
+                raise ConfigurationError(
+                    f"cluster.task_cpus={self.task_cpus} is more than the {cores} cores of "
+                    f"master {session.master(self.spark)}"
+                )
+            return
+        executor = session.conf_get(self.spark, "spark.executor.cores")
+        if executor and executor.isdigit() and self.task_cpus > int(executor):
+            raise ConfigurationError(
+                f"cluster.task_cpus={self.task_cpus} is more than spark.executor.cores="
+                f"{executor}: no executor can run a training task"
             )
 
     def resource_profile(self) -> ResourceProfile | None:

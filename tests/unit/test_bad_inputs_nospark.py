@@ -123,7 +123,109 @@ BAD_SETS = [
                                       r"finite number >= 0, got -1"),
     ("training.class_weight={-2: 1}", r"training\.class_weight: .*class index -2 is negative"),
     ("training.class_weight={}", r"training\.class_weight: .*at least one class"),
+    # absurd values (issue 52, finding 8)
+    ("training.powersgd.rank=100000", r"training\.powersgd\.rank: input should be less than "
+                                      r"or equal to 1024, got 100000"),
 ]
+
+# Keys that mean something only together, each refused in one short line naming the key(s)
+# and value(s), never the whole section (issue 52, finding 8).
+CROSS_FIELD = [
+    (["training.mode=averaging", "training.overlap=true"],
+     r"training\.overlap: true applies to mode 'sharing' or 'dense', not 'averaging'"),
+    (["training.mode=sharing", "training.wire_dtype=bfloat16"],
+     r"training\.wire_dtype: 'bfloat16' applies to mode 'dense', not 'sharing'"),
+    (["training.mode=averaging", "training.accumulate_steps=4"],
+     r"training\.accumulate_steps: 4 applies to mode 'dense', not 'averaging'"),
+    (["training.mode=averaging", "training.compression=powersgd"],
+     r"training\.compression: 'powersgd' applies to mode 'sharing' or 'auto', not 'averaging'"),
+    (["training.mode=dense", "training.compression=powersgd"],
+     r"training\.compression: 'powersgd' applies to mode 'sharing' or 'auto', not 'dense'"),
+    (["training.elastic={min_workers: 3}", "training.checkpoint_dir=/tmp/x"],
+     r"training\.elastic\.min_workers=3 is more than num_workers=2"),
+    (["training.elastic={min_workers: 1}"], r"training\.elastic needs checkpoint_dir"),
+    (["training.threshold.min_sparsity=0.5"],
+     r"training\.threshold\.min_sparsity \(0\.5\) must be <= max_sparsity \(0\.01\)"),
+    (["cluster.master=spark://h:7077", "cluster.spark_conf={spark.executor.cores: 4}",
+      "cluster.task_cpus=8"],
+     r"cluster\.task_cpus=8 is more than spark\.executor\.cores=4"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), CROSS_FIELD,
+                         ids=[" ".join(o) for o, _ in CROSS_FIELD])
+def test_validate_refuses_keys_that_mean_nothing_together_in_one_short_line(
+        capsys, tmp_path: Path, overrides: list[str], message: str) -> None:
+    conf = _conf(tmp_path)
+    err = _refused(capsys, ["validate", "--conf", str(conf),
+                            *[arg for o in overrides for arg in ("--set", o)]], message)
+    line = err.strip()
+    assert "\n" not in line and "{'" not in line and len(line) < 200, line
+
+
+class _Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+class _Session:
+    """What SparkLauncher.check_slots reads of a session: its settings."""
+
+    def __init__(self, **values: str) -> None:
+        self.conf = _Conf({k.replace("_", "."): v for k, v in values.items()})
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"spark_master": "local[2]"},
+     r"^cluster\.task_cpus=1000 is more than the 2 cores of master local\[2\]"),
+    ({"spark_master": "spark://h:7077", "spark_executor_cores": "4"},
+     r"^cluster\.task_cpus=1000 is more than spark\.executor\.cores=4"),
+])
+def test_task_cpus_beyond_what_the_session_has_fail_before_the_training_stage(
+        conf: dict[str, str], message: str) -> None:
+    """The master and spark.executor.cores that apply are known only once Spark runs
+    (spark-submit's win over the configuration's): the launcher checks them before the
+    training stage, which would otherwise wait for a slot no executor has."""
+    from sparkdl.errors import ConfigurationError
+    from sparkdl.spark.launcher import SparkLauncher
+
+    launcher = object.__new__(SparkLauncher)
+    launcher.spark = _Session(spark_default_parallelism="8", **conf)  # type: ignore[assignment]
+    launcher.task_cpus, launcher.task_gpus, launcher.threads_per_worker = 1000, None, 1000
+    with pytest.raises(ConfigurationError, match=message):
+        launcher.check_slots(1)
+    launcher.task_cpus = launcher.threads_per_worker = 2
+    launcher.check_slots(1)
+
+
+def test_validate_refuses_class_weight_ids_the_shards_do_not_have(capsys,
+                                                                  tmp_path: Path) -> None:
+    """The train shards the ETL wrote say their classes: a class_weight key outside them is
+    refused by validate --stage train and by the train stage before Spark starts, not by fit
+    after it (finding 7). The pipeline stage writes its shards first: fit checks them then."""
+    from sparkdl.data.metadata import FORMAT_VERSION, ShardFile, ShardMetadata, write_metadata
+
+    train = tmp_path / "data" / "train"
+    train.mkdir(parents=True)
+    (train / "part-00000.parquet").write_bytes(b"")
+    write_metadata(str(train), ShardMetadata(
+        format_version=FORMAT_VERSION, feature_shape=[4], feature_dtype="float32",
+        label_kind="class", classes=["a", "b", "c"], label_shape=[], num_rows=5,
+        files=[ShardFile("part-00000.parquet", 5, [5])], normalizer=None, transform=None,
+        extra={}))
+    conf = _conf(tmp_path)
+    _refused(capsys, ["validate", "--conf", str(conf), "--stage", "train",
+                      "--set", "training.class_weight={5: 2}"],
+             r"training\.class_weight key 5 is not a class index in \[0, 3\) of the shards at "
+             r".*train \(classes \['a', 'b', 'c'\]\)")
+    _refused(capsys, ["train", "--conf", str(conf), "--set", "training.class_weight={5: 2}"],
+             r"training\.class_weight key 5 is not a class index")
+    rc, _, err = _run(capsys, ["validate", "--conf", str(conf), "--stage", "train",
+                                 "--set", "training.class_weight={2: 2}"])
+    assert rc == 0, err
 
 
 @pytest.mark.parametrize(("override", "message"), BAD_SETS, ids=[s for s, _ in BAD_SETS])

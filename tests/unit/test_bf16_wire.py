@@ -74,5 +74,6 @@ def test_wire_dtype_round_trips_through_the_config_and_refuses_other_values():
                                                  "got 'float16'"):
         DenseTrainingMaster(wire_dtype="float16")
     assert TrainingConfig(mode="dense", wire_dtype="bfloat16").wire_dtype == "bfloat16"
-    with pytest.raises(ValueError, match="wire_dtype applies to mode 'dense', not 'sharing'"):
+    with pytest.raises(ValueError,
+                       match="wire_dtype: 'bfloat16' applies to mode 'dense', not 'sharing'"):
         TrainingConfig(mode="sharing", wire_dtype="bfloat16")
