@@ -96,6 +96,22 @@ def message_floats(shapes: Sequence[Sequence[int]], rank: int = 4,
                for b in _plan(shapes, rank, min_compression))
 
 
+def rank_too_large(shapes: Sequence[Sequence[int]], rank: int,
+                   min_compression: float = 2.0) -> str | None:
+    """A line saying that ``rank`` compresses none of a model's matrices (``shapes``) because
+    it is not below their smaller dimension (PowerSGD would then allreduce every tensor
+    whole, silently); ``None`` when some matrix is compressed or there is none."""
+    matrices = [_matrix_shape(s) for s in shapes if len(s) >= 2]
+    if not matrices or any(b.low_rank for b in _plan(shapes, rank, min_compression)):
+        return None
+    widest = max(min(m) for m in matrices)
+    if rank < widest:
+        return None  # min_compression, not the rank, keeps the factors whole
+    return (f"powersgd.rank={rank} is not below the smaller dimension of any of the model's "
+            f"{len(matrices)} weight matrices (at most {widest}): no tensor is compressed and "
+            "every step allreduces the whole update")
+
+
 class PowerSGDCompressor(Compressor):
     """One worker's PowerSGD state: the residual, each compressed tensor's ``Q``.
 

@@ -395,6 +395,10 @@ def master_from_training_config(training: TrainingConfig, model: Any = None) -> 
         mode = resolve_mode(mode, count)
         log.info("training.mode auto: %s (%d trainable parameters; dense up to %d)",
                  mode, count, AUTO_DENSE_MAX_PARAMETERS)
+        if mode == "dense" and training.compression != "threshold":
+            log.warning("training.compression %r is not used: mode 'auto' chose 'dense' for "
+                        "%d trainable parameters (up to %d)", training.compression, count,
+                        AUTO_DENSE_MAX_PARAMETERS)
     common = _Common(
         batch_size_per_worker=training.batch_size_per_worker,
         num_workers=training.num_workers,

@@ -121,3 +121,47 @@ def test_accumulation_is_refused_where_the_update_is_not_the_gradient():
             exchange.accumulate(2)
 
     run_threads(1, check)
+
+
+class _NeverLaunched:
+    """A launcher the fit must refuse before: running it fails the test."""
+
+    bind_host = driver_host = "127.0.0.1"
+    threads_per_worker = 1
+    elastic_events: list = []  # type: ignore[type-arg]
+
+    def check_slots(self, num_workers: int) -> None:
+        pass
+
+    def run(self, spec, secret):  # type: ignore[no-untyped-def]
+        raise AssertionError("the fit launched its workers")
+
+    def cancel(self) -> None:
+        pass
+
+
+def _fit_until_launch(tmp_path, master, accumulate: int, epochs: int, model=None):  # type: ignore[no-untyped-def]
+    from test_data_reader import make_shards
+
+    from sparkdl.training.driver.fit import FitOptions
+    from sparkdl.training.driver.run_fit import run_fit
+
+    uri, _ = make_shards(tmp_path / "train", [[16, 16], [16, 16]])  # 64 rows
+    if model is None:
+        model = keras.Sequential([keras.Input((2, 3)), keras.layers.Flatten(),
+                                  keras.layers.Dense(3, "softmax")])
+        model.compile("sgd", "sparse_categorical_crossentropy", jit_compile=False)
+    options = FitOptions(epochs=epochs, accumulate_steps=accumulate, verbose=0)
+    return run_fit(model, master, _NeverLaunched(), uri, options)  # type: ignore[arg-type]
+
+
+def test_accumulate_steps_beyond_the_fits_steps_is_refused_before_the_workers_start(tmp_path):
+    """4 steps an epoch (64 rows, 2 workers x 8) for 2 epochs: accumulating 9 micro-batches
+    would never apply an update (the weights unchanged, the same loss every epoch)."""
+    from sparkdl.training.masters import DenseTrainingMaster
+
+    with pytest.raises(ConfigurationError, match=r"^accumulate_steps=9 is more than the fit's 8 "
+                       r"steps \(4 steps per epoch x 2 epochs\)"):
+        _fit_until_launch(tmp_path, DenseTrainingMaster(8, 2), 9, 2)
+    with pytest.raises(AssertionError, match="launched"):  # 8 micro-batches: one update
+        _fit_until_launch(tmp_path / "ok", DenseTrainingMaster(8, 2), 8, 2)

@@ -282,3 +282,45 @@ def test_an_exchange_resumed_from_its_state_continues_with_the_same_bits():
         return weights_checksum(model.trainable_variables)
 
     assert run_threads(2, resume) == [checksum for checksum, _, _ in straight]
+
+
+def test_a_rank_above_every_matrix_is_said_at_fit_time(tmp_path, caplog) -> None:
+    """powersgd.rank is bounded generously by the configuration (1024); one that compresses
+    none of this model's matrices is said in one line when the fit starts (finding 8)."""
+    import logging
+
+    import keras
+    from test_accumulation import _fit_until_launch
+
+    from sparkdl.compression.powersgd import PowerSGDCompressorConfig, rank_too_large
+    from sparkdl.training.masters import SharedTrainingMaster
+
+    assert rank_too_large([(6, 16), (16,), (16, 3), (3,)], 4) is None  # 6x16 compresses
+    assert rank_too_large([(16,)], 100) is None  # no matrix at all
+    assert rank_too_large([(64, 64)], 40) is None  # below 64: min_compression decides
+    line = rank_too_large([(6, 16), (16,), (16, 3)], 100)
+    assert line is not None and line.startswith(
+        "powersgd.rank=100 is not below the smaller dimension of any of the model's 2 weight "
+        "matrices (at most 6)")
+    master = SharedTrainingMaster(8, 2, compressor=PowerSGDCompressorConfig(rank=100))
+    model = keras.Sequential([keras.Input((2, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(3, "softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy", jit_compile=False)
+    with caplog.at_level(logging.WARNING, logger="sparkdl"), \
+            pytest.raises(AssertionError, match="launched"):
+        _fit_until_launch(tmp_path, master, 1, 1, model)
+    assert any("powersgd.rank=100 is not below" in r.getMessage() for r in caplog.records)
+
+
+def test_compression_a_small_models_auto_mode_does_not_use_is_said(caplog) -> None:
+    """mode 'auto' trains a small model dense: its compression key is then unused, said in
+    one line (mode averaging or dense with compression: powersgd is refused by the config)."""
+    import logging
+
+    training = load_config(data={"training": {"compression": "powersgd"}}).training
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with caplog.at_level(logging.WARNING, logger="sparkdl"):
+        master = master_from_training_config(training, model)
+    assert master.mode == "dense"
+    assert any("training.compression 'powersgd' is not used: mode 'auto' chose 'dense'"
+               in r.getMessage() for r in caplog.records), caplog.records

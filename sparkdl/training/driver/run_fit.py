@@ -52,6 +52,28 @@ class FitResult(keras.callbacks.History):
         self.workers: list[WorkerResult] = []
 
 
+def _check_schedule(model: keras.Model, master: TrainingMaster, options: FitOptions,
+                    steps_per_epoch: int) -> None:
+    """What the plan makes pointless, before the workers start: an accumulation of more
+    micro-batches than the fit has steps (no update would ever be applied: refused), and a
+    PowerSGD rank that compresses none of the model's matrices (said once)."""
+    epochs = options.epochs - options.initial_epoch
+    total = steps_per_epoch * epochs
+    if options.accumulate_steps > 1 and options.accumulate_steps > total:
+        raise ConfigurationError(
+            f"accumulate_steps={options.accumulate_steps} is more than the fit's {total} steps "
+            f"({steps_per_epoch} steps per epoch x {epochs} epochs): no update would be applied"
+        )
+    from sparkdl.compression.powersgd import PowerSGDCompressorConfig, rank_too_large
+
+    compressor = getattr(master, "compressor", None)
+    if isinstance(compressor, PowerSGDCompressorConfig):
+        line = rank_too_large([tuple(w.shape) for w in model.trainable_weights],
+                              compressor.rank, compressor.min_compression)
+        if line:
+            log.warning("%s", line)
+
+
 def run_fit(
     model: keras.Model,
     master: TrainingMaster,
@@ -97,6 +119,7 @@ def run_fit(
         timeline=options.timeline, class_weight=class_weight,
         accumulate_steps=options.accumulate_steps,
     )
+    _check_schedule(model, master, options, spec.steps_per_epoch)
     if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
         log_every = max(1, spec.steps_per_epoch // 20) if verbose == 1 else 0
     num_parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
