@@ -3,8 +3,9 @@ lost for good in the middle of a 4-worker digits fit. With ``training.elastic`` 
 on with the 3 task slots left, from the latest checkpoint, and ends within 1 pp of an
 undisturbed run's accuracy; with ``min_workers: 4`` it fails with one clear message.
 
-Each host offers 3 cores, so the 4 workers fit on the two hosts and the host that is left
-still has 3 slots. Needs root (network namespaces); skipped elsewhere."""
+Each host of the shared cluster (tests/cluster/conftest.py) offers 3 cores, so the 4 workers
+fit on the two hosts and the host that is left still has 3 slots. Needs root (network
+namespaces); skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -20,15 +21,10 @@ from benchmarks.netcluster import NetCluster, spark_submit
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")
-HOSTS, CORES, WORKERS, EPOCHS = 2, 3, 4, 12
+HOSTS, CORES, WORKERS, EPOCHS = 2, 3, 4, 12  # as the shared cluster
 
 # the cluster and the reference run count in the first test's time (~10 min when loaded)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-
-
-@pytest.fixture(scope="module")
-def cluster(netcluster) -> NetCluster:
-    return netcluster(HOSTS, CORES, name="sdle", subnet="10.77.11")
 
 
 def start(cluster: NetCluster, script: str, out: Path, data: Path, *sets: str) -> tuple:

@@ -19,15 +19,9 @@ from benchmarks.netcluster import NetCluster, spark_submit
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")
-HOSTS, CORES, GPUS = 2, 2, 2
+HOSTS, GPUS = 2, 2  # as the shared cluster (tests/cluster/conftest.py)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cluster(netcluster) -> NetCluster:
-    return netcluster(HOSTS, CORES, rate="100mbit", gpus_per_host=GPUS, name="sdlt",
-                      subnet="10.77.9")
 
 
 def submit(cluster: NetCluster, script: str, args: list[str], tmp_path: Path,

@@ -1,6 +1,7 @@
 """The scaling benchmark (``jobs/benchmark.py scaling --quick``) on the network-namespace
-cluster: it runs end to end and reports, for every cell, a measured and a predicted step time
-(no timing assertions: the figures are for the report). Needs root; skipped elsewhere."""
+cluster (the shared one of tests/cluster/conftest.py): it runs end to end and reports, for
+every cell, a measured and a predicted step time (no timing assertions: the figures are for
+the report). Needs root; skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.netcluster import NetClusterError, check_privileges
 from benchmarks.scaling import (
     Cell,
     block_orders,
@@ -33,21 +33,14 @@ REPO = Path(__file__).resolve().parents[2]
 KEYS = ("sharing_vs_dense_step_speedup_100mbit", "overlap_vs_compute_only_100mbit",
         "model_error_max", "sharing_compression")
 
-try:
-    check_privileges()
-    _SKIP = None
-except NetClusterError as exc:
-    _SKIP = f"the scaling benchmark needs the netcluster harness: {exc}"
-
-
 @pytest.mark.slow
-def test_quick_scaling_benchmark_reports_every_cell(tmp_path):
-    if _SKIP:
-        pytest.skip(_SKIP)
+def test_quick_scaling_benchmark_reports_every_cell(cluster, tmp_path):
+    """On the shared cluster (``--cluster``: attached, not brought up)."""
     out = tmp_path / "scaling.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "jobs/benchmark.py", "scaling", "--quick", "--json", str(out)],
+        [sys.executable, "jobs/benchmark.py", "scaling", "--quick", "--json", str(out),
+         "--cluster", str(cluster.state_dir)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,5 +1,6 @@
 """jobs/airflow_dag.py under real Airflow: ``dag.test()`` runs the four stages with
-spark-submit on local Spark, each in the run's directory, each result JSON in XCom."""
+spark-submit on local Spark, each in the run's directory, each result JSON in XCom. This is
+also the test of the stage jobs run one at a time with spark-submit."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def test_dag_runs_four_stages_and_pushes_their_json(tmp_path):
         "PYTHONPATH": str(REPO),
     }
     run_conf = {"output_root": str(root), "conf": str(REPO / "conf" / "digits.yaml"),
-                "sets": ["training.epochs=1", "cluster.spark_conf.spark.driver.memory=1g"]}
+                "sets": ["training.epochs=1", "training.mode=averaging",
+                         "cluster.spark_conf.spark.driver.memory=1g"]}
     out = tmp_path / "report.json"
     proc = subprocess.run(
         [python, str(DRIVER), str(REPO / "jobs" / "airflow_dag.py"), "2026-11-20T00:00:00+00:00",
@@ -66,6 +68,7 @@ def test_dag_runs_four_stages_and_pushes_their_json(tmp_path):
     assert [p.name for p in (root / "2026-11-20").iterdir()] == [run_dir.name]
     for stage in STAGES:  # each task's XCom is exactly the JSON its stage wrote
         assert report["xcoms"][stage] == json.loads((run_dir / f"{stage}.json").read_text())
+    assert report["xcoms"]["train"]["mode"] == "averaging"
     assert report["xcoms"]["evaluate"]["test_accuracy"] > 0.7
     assert (run_dir / "model.keras").is_file()
     assert (run_dir / "data" / "train" / "_sparkdl.json").is_file()

@@ -25,32 +25,35 @@ def _sparkdl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # two Spark processes
-def test_etl_and_predict_work_in_directories_with_odd_characters(tmp_path, make_mlp):
+def test_the_iris_pipeline_and_predict_run_in_directories_with_odd_characters(tmp_path):
+    """The iris conf end to end (ETL with its analysis, train, evaluate, report) through
+    ``sparkdl pipeline``, then ``sparkdl predict`` with the model it trained, every path in a
+    directory named with a space, ``%``, ``#`` and ``?``."""
     base = tmp_path / ODD
     data, out = base / "data", base / "out"
     sets = ["--set", f"data.dir={json.dumps(str(data))}",  # quoted: YAML reads " #" as a comment
-            "--set", f"output.dir={json.dumps(str(out))}",
-            "--set", "data.options.num_files=2", "--set", "training.num_workers=2"]
-    etl = _sparkdl("etl", "--conf", "digits", *sets, cwd=tmp_path)
-    assert etl.returncode == 0, etl.stderr[-3000:]
+            "--set", f"output.dir={json.dumps(str(out))}", "--set", "training.epochs=15"]
+    pipeline = _sparkdl("pipeline", "--conf", "iris", *sets, cwd=tmp_path)
+    assert pipeline.returncode == 0, pipeline.stderr[-3000:]
     assert (data / "train" / "_sparkdl.json").is_file() and (data / "test").is_dir()
+    assert (data / "analysis.json").is_file()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["test_accuracy"] >= 0.8
 
-    from sparkdl.data import read_metadata
-
-    out.mkdir()
-    make_mlp(read_metadata(str(data / "train")).feature_shape, 10).save(out / "model.keras")
-    predict = _sparkdl("predict", "--conf", "digits", *sets, cwd=tmp_path)
+    predict = _sparkdl("predict", "--conf", "iris", *sets, cwd=tmp_path)
     assert predict.returncode == 0, predict.stderr[-3000:]
     result = json.loads(predict.stdout.strip().splitlines()[-1])
     predictions = out / "predictions"
     assert (predictions / "_sparkdl_predictions.json").is_file()
     assert list(predictions.glob("part-*.parquet")), sorted(os.listdir(predictions))
-    assert sorted(p.name for p in out.iterdir()) == ["model.keras", "predictions"]
+    assert {"model.keras", "metrics.json", "report.html", "predictions"} <= {
+        p.name for p in out.iterdir()}
     assert sorted(p.name for p in tmp_path.iterdir()) == [ODD]  # nothing stray beside it
     assert sorted(p.name for p in base.iterdir()) == ["data", "out"]
 
     import pyarrow.parquet as pq
 
+    from sparkdl.data import read_metadata
     from sparkdl.storage import local_path
 
     assert local_path(result["predictions"]) == predictions

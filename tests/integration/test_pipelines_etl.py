@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,20 +107,6 @@ def test_images_pipeline(spark, tmp_path: Path) -> None:
     assert x.min() >= 0.0 and x.max() <= 1.0
     red = x[y == 2].mean()
     assert red == pytest.approx(0.299 * 250 / 255 + (0.587 + 0.114) * 10 / 255, abs=0.03)
-
-
-@pytest.mark.slow  # default suite under 20 minutes
-def test_iris_job_end_to_end(tmp_path: Path) -> None:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.run(
-        [sys.executable, "jobs/pipeline.py", "--conf", "conf/iris.yaml",
-         "--set", f"output.dir={tmp_path}/out", "--set", f"data.dir={tmp_path}/data",
-         "--set", "training.epochs=15"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=500, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["test_accuracy"] >= 0.8
-    assert (tmp_path / "data" / "analysis.json").is_file()
 
 
 @pytest.mark.slow  # default suite under 20 minutes
