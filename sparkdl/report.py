@@ -391,8 +391,12 @@ def _href(uri: str) -> str:
 
 
 def _elastic(metrics: Mapping[str, Any]) -> str:
-    """One line per change of an elastic fit's world size (``elastic_events``)."""
+    """One line per relaunch of the training stage (``elastic_events``): an elastic fit's, at
+    another world size or the same, and Spark's retry of a failed stage."""
     lines = [
+        f"Elastic fit: relaunched at epoch {e['epoch']}, step {e['step']} with the same "
+        f"{e['to_workers']} workers after: {e['cause']}"
+        if e["to_workers"] == e["from_workers"] else
         f"Elastic fit: continued at epoch {e['epoch']}, step {e['step']} with "
         f"{e['to_workers']} workers instead of {e['from_workers']} after: {e['cause']}"
         for e in metrics.get("elastic_events") or ()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
+import re
 import secrets
 import socket
 import time
@@ -206,13 +207,14 @@ class SparkLauncher:
                 new_world = min(wanted, slots)
                 log.warning("elastic fit: relaunching the training stage with %d worker(s) "
                             "(was %d) after: %s", new_world, world, exc)
+                latest = store.latest(checkpoint.run_id)
+                position = (latest.state.epoch, latest.state.step_in_epoch) if latest \
+                    else (spec.initial_epoch, 0)
+                # every relaunch is an event, at the same world size too
+                self.elastic_events.append(ElasticEvent(
+                    *position, world, new_world, short(str(exc))
+                ))
                 if new_world != world:
-                    latest = store.latest(checkpoint.run_id)
-                    position = (latest.state.epoch, latest.state.step_in_epoch) if latest \
-                        else (spec.initial_epoch, 0)
-                    self.elastic_events.append(ElasticEvent(
-                        *position, world, new_world, short(str(exc))
-                    ))
                     current = replan(spec, new_world)
 
     def _settled_slots(self, settle_s: float = 3.0) -> int | None:
@@ -252,11 +254,30 @@ class SparkLauncher:
         try:
             rows = stage.collect()
             failures = attempts.read()
+            results = [pickle.loads(row["result"])
+                       for row in sorted(rows, key=lambda r: r["rank"])]
             if failures:  # Spark's own task-failure logs are off in jobs: say why it retried
                 log.warning("the training stage was retried after: %s", "; ".join(failures))
-            return [pickle.loads(row["result"]) for row in sorted(rows, key=lambda r: r["rank"])]
+                self.elastic_events.append(retry_event(spec, results, failures))
+            return results
         except Exception as exc:
             raise TrainingError(stage_error(attempts.failures(), exc)) from exc
         finally:
             self.spark.removeTag(self._tag)
             attempts.close()
+
+
+_CHECKPOINT_STEP = re.compile(r"ckpt-(\d+)/*$")
+
+
+def retry_event(spec: WorkerSpec, results: list[WorkerResult], failures: list[str]
+                ) -> ElasticEvent:
+    """Spark's retry of a failed training stage, as an :class:`ElasticEvent` at the same world
+    size: at the checkpoint the successful attempt resumed from (its global step, under the
+    stage's plan), or at the fit's start without one; caused by the failed tasks."""
+    epoch, step = spec.initial_epoch, 0
+    found = _CHECKPOINT_STEP.search(results[0].resumed_from or "") if results else None
+    if found and spec.steps_per_epoch > 0:
+        epoch, step = divmod(int(found.group(1)), spec.steps_per_epoch)
+    world = len(spec.slices)
+    return ElasticEvent(epoch, step, world, world, short("; ".join(failures)))

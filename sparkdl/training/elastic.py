@@ -56,8 +56,9 @@ class ElasticPolicy:
 
 @dataclass
 class ElasticEvent:
-    """One change of the world size: training continued at ``(epoch, step)`` (the
-    checkpoint it resumed from) with ``to_workers`` instead of ``from_workers``."""
+    """One relaunch of the training stage: training continued at ``(epoch, step)`` (the
+    checkpoint it resumed from) with ``to_workers`` instead of ``from_workers`` (the same
+    number after a relaunch at the same world size or Spark's retry of a failed stage)."""
 
     epoch: int
     step: int

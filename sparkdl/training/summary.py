@@ -62,7 +62,7 @@ class FitMetrics(Mapping[str, object]):
     steady_bytes_per_step: float
     timeline: list[str] | None = None  # URIs of the ranks' Chrome traces
     final_train_accuracy: float | None = None
-    elastic_events: list[dict[str, object]] | None = None  # an elastic fit's relaunches
+    elastic_events: list[dict[str, object]] | None = None  # relaunches and retried stages
     shuffle: str | None = None  # the fit's shuffle mode (global, window, none)
     rows_dropped_per_epoch: int | None = None  # rows no worker reads in an epoch
     worker_cpus: list[list[int] | None] | None = None  # each rank's pinned cores, if any was

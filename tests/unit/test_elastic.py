@@ -3,6 +3,7 @@ shard slices re-planned for the new world, the resume position, the config and t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -168,3 +169,78 @@ def _conf(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("training:\n  num_workers: 2\n")
     return path
+
+
+# A relaunch at the same world size is an event too (issue 52, finding 12) ---------------------
+
+
+def _launcher(tmp_path, outcomes: list, slots: int):  # type: ignore[no-untyped-def]
+    """A SparkLauncher whose stage runs ``outcomes`` in turn (an exception is a failed
+    stage) and whose cluster has ``slots`` task slots after a failure: no Spark."""
+    from types import SimpleNamespace
+
+    from sparkdl.errors import TrainingError
+    from sparkdl.spark.launcher import SparkLauncher
+
+    launcher = object.__new__(SparkLauncher)
+    launcher.elastic = ElasticPolicy(min_workers=1, max_failures=3)
+    launcher.elastic_events = []
+    launcher._cancelled = False
+    launched: list[int] = []
+
+    def run_stage(spec, secret, *, spark_retries):  # type: ignore[no-untyped-def]
+        launched.append(len(spec.slices))
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, str):
+            raise TrainingError(outcome)
+        return outcome
+
+    launcher._run_stage = run_stage  # type: ignore[method-assign]
+    launcher._settled_slots = lambda: slots  # type: ignore[method-assign]
+    checkpoint = SimpleNamespace(uri=(tmp_path / "ckpt").as_uri(), run_id="run")
+    return launcher, _Spec([object(), object()], checkpoint), launched
+
+
+@dataclasses.dataclass
+class _Spec:
+    """What an elastic relaunch reads of a WorkerSpec."""
+
+    slices: list
+    checkpoint: object
+    initial_epoch: int = 0
+    elastic: bool = False
+
+
+def test_an_elastic_relaunch_with_as_many_workers_is_an_elastic_event(tmp_path):
+    launcher, spec, launched = _launcher(tmp_path, ["lost executor 1", ["ok"]], slots=2)
+    assert launcher.run(spec, b"s" * 32) == ["ok"]
+    assert launched == [2, 2]
+    assert [e.to_dict() for e in launcher.elastic_events] == [
+        {"epoch": 0, "step": 0, "from_workers": 2, "to_workers": 2, "cause": "lost executor 1"}
+    ]
+
+
+def test_a_retried_stage_is_an_elastic_event_at_the_checkpoint_it_resumed_from():
+    from sparkdl.spark.launcher import retry_event
+
+    class Result:
+        resumed_from = "file:///ckpt/ckpt-0000000013"
+
+    spec = WorkerSpec.__new__(WorkerSpec)
+    spec.__dict__.update(slices=[object(), object()], steps_per_epoch=5, initial_epoch=0)
+    event = retry_event(spec, [Result()], ["rank 1 on exec-2: OSError: lost"])
+    assert event.to_dict() == {"epoch": 2, "step": 3, "from_workers": 2, "to_workers": 2,
+                               "cause": "rank 1 on exec-2: OSError: lost"}
+    Result.resumed_from = None  # no checkpoint: the retry started over
+    spec.initial_epoch = 1
+    assert (retry_event(spec, [Result()], ["x"]).epoch,
+            retry_event(spec, [Result()], ["x"]).step) == (1, 0)
+
+
+def test_the_report_says_a_relaunch_with_as_many_workers():
+    from sparkdl.report import _elastic
+
+    page = _elastic({"elastic_events": [{"epoch": 1, "step": 2, "from_workers": 3,
+                                         "to_workers": 3, "cause": "lost executor 1"}]})
+    assert ("Elastic fit: relaunched at epoch 1, step 2 with the same 3 workers after: lost "
+            "executor 1") in page

@@ -161,12 +161,12 @@ def run_fit(
     history.metrics.shuffle = spec.shuffle
     history.metrics.rows_dropped_per_epoch = rows_dropped_per_epoch(
         metadata, len(results), master.batch_size_per_worker, steps_per_epoch)
-    if getattr(launcher, "elastic", None) is not None:
-        events = list(getattr(launcher, "elastic_events", []))
+    events = list(getattr(launcher, "elastic_events", []))
+    if getattr(launcher, "elastic", None) is not None or events:  # a retried stage's too
         history.metrics.elastic_events = [event.to_dict() for event in events]
         for event in events:
-            log.warning("elastic fit: continued at epoch %d, step %d with %d workers instead "
-                        "of %d (%s)", event.epoch, event.step, event.to_workers,
+            log.warning("elastic fit: continued at epoch %d, step %d with %d workers (was %d) "
+                        "(%s)", event.epoch, event.step, event.to_workers,
                         event.from_workers, event.cause)
     history.workers = results
     driver.train_end(final)
