@@ -169,7 +169,12 @@ class SparkModel(KerasFit):
         label_kind: str | None, store: str | None, keep_shards: bool,
         weight_col: str | None = None,
     ) -> str:
-        from sparkdl.data.frames import label_spec, model_feature_shape, training_frame
+        from sparkdl.data.frames import (
+            check_schema_width,
+            label_spec,
+            model_feature_shape,
+            training_frame,
+        )
         from sparkdl.data.store import fingerprint
         from sparkdl.data.writer import write_shards
         from sparkdl.run_layout import RunLayout
@@ -183,6 +188,7 @@ class SparkModel(KerasFit):
                           fitted.classes if fitted and fitted.kind == "class" else None)
         frame = training_frame(df, features_col, label_col, spec, weight_col)
         feature_shape = model_feature_shape(self.model)
+        check_schema_width(df, features_col, feature_shape)  # the rows: write_shards checks
         num_workers = self.training_master.num_workers
         options = {"label": spec.get_config(), "feature_shape": feature_shape,
                    "num_workers": num_workers, "sample_weight": weight_col is not None}

@@ -114,6 +114,80 @@ def features_column(df: DataFrame, features_col: FeaturesCol) -> Column:
     )
 
 
+def _features_name(features_col: FeaturesCol, model_input: str | None) -> str:
+    listed = features_col if isinstance(features_col, str) else list(features_col)
+    return f"features_col {listed!r}" + (f" (input {model_input!r})" if model_input else "")
+
+
+def schema_feature_width(df: DataFrame, features_col: FeaturesCol) -> int | None:
+    """The values per row of ``features_col`` that ``df``'s schema shows (a list of columns, a
+    numeric column, a vector column with Spark ML attributes), else None."""
+    from pyspark.sql import types as T
+
+    if not isinstance(features_col, str):
+        return len(features_col)
+    column = _column_type(df, features_col, "features_col")
+    if isinstance(column.dataType, T.NumericType):
+        return 1
+    width = (column.metadata or {}).get("ml_attr", {}).get("num_attrs")
+    return int(width) if isinstance(width, int) and width >= 0 else None
+
+
+def check_schema_width(
+    df: DataFrame, features_col: FeaturesCol, shape: Sequence[int],
+    model_input: str | None = None,
+) -> None:
+    """A :class:`DataError` when ``df``'s schema shows a width the model's input ``shape``
+    does not have (no Spark job)."""
+    width = schema_feature_width(df, features_col)
+    _check_width(width, "per row", features_col, shape, model_input)
+
+
+def _check_width(width: int | None, where: str, features_col: FeaturesCol,
+                 shape: Sequence[int], model_input: str | None) -> None:
+    size = math.prod(shape)
+    if width is not None and width != size:
+        raise DataError(f"{_features_name(features_col, model_input)}: {width} values {where}; "
+                        f"the model's input shape {tuple(shape)} takes {size}")
+
+
+def checked_features_column(
+    df: DataFrame, features_col: FeaturesCol, shape: Sequence[int], *,
+    model_input: str | None = None, what: str = "predict()",
+) -> Column:
+    """:func:`features_column`, checked against the model's input ``shape`` as ``fit`` checks
+    its rows: a width the schema or the first row shows is a :class:`DataError` here, on the
+    driver (one ``limit(1)`` job); each row is checked where Spark computes it, a null, a
+    width other than ``prod(shape)`` or a null, NaN or infinite value failing the action in
+    one marked line (:func:`~sparkdl.data.spark_errors.fail_when`, no Python traceback)."""
+    from pyspark.sql import functions as F
+
+    from sparkdl.data.spark_errors import dataframe_errors, fail_when
+
+    features = features_column(df, features_col)
+    width = schema_feature_width(df, features_col)
+    if width is not None:
+        _check_width(width, "per row", features_col, shape, model_input)
+    else:
+        with dataframe_errors(what):
+            first = df.select(F.size(features)).limit(1).collect()
+        found = first[0][0] if first else None
+        if found is not None and found >= 0:  # size(null) is -1 (null with ANSI on)
+            _check_width(int(found), "in the first row", features_col, shape, model_input)
+    size, name = math.prod(shape), _features_name(features_col, model_input)
+    takes = f"the model's input shape {tuple(shape)} takes {size}"
+    count = F.size(features)
+    bad_value = F.exists(features, lambda x: x.isNull() | F.isnan(x)
+                         | (F.abs(x) == F.lit(float("inf"))))
+    message = (F.when(features.isNull(), F.lit(f"{name} is null in a row; {takes} values"))
+               .when(count != size, F.concat(F.lit(f"{name} holds "), count.cast("string"),
+                                             F.lit(f" values in a row; {takes}")))
+               .otherwise(F.lit(f"{name} has null, NaN or infinite values in a row; the model "
+                                f"takes {size} finite values (input shape {tuple(shape)})")))
+    bad = features.isNull() | (count != size) | bad_value
+    return F.coalesce(fail_when(bad, message), features)
+
+
 def label_spec(
     df: DataFrame, label_col: str, model: Any, label_kind: str | None = None,
     classes: Sequence[str] | None = None,
@@ -187,10 +261,13 @@ def training_frame(
 
 __all__ = [
     "LabelSpec",
+    "check_schema_width",
+    "checked_features_column",
     "features_column",
     "infer_model_kind",
     "label_spec",
     "model_feature_shape",
     "model_output_width",
+    "schema_feature_width",
     "training_frame",
 ]

@@ -133,7 +133,13 @@ def predict(
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
-    from sparkdl.data.frames import features_column, infer_model_kind, model_output_width
+    from sparkdl.data.frames import (
+        checked_features_column,
+        features_column,
+        infer_model_kind,
+        model_feature_shape,
+        model_output_width,
+    )
 
     model = spark_model.model
     norm_config = normalizer_config(normalizer)
@@ -149,7 +155,7 @@ def predict(
                 probability_col)
         feature_shape = metadata.feature_shape
         kind = label_kind or metadata.label_kind
-        column: FeaturesCol = "features"
+        features = features_column(df, "features")  # the shards' rows were checked when written
     elif _is_dataframe(data) and is_multi_model(model):
         _no_normalizer(norm_config)
         return predict_multi(spark_model, data, dataframe_inputs(data, model, features_col),
@@ -159,8 +165,8 @@ def predict(
         if isinstance(features_col, Mapping):
             raise ConfigurationError("predict(): features_col as a dict by input name is for "
                                      "models with several inputs")
-        df, column = data, features_col
-        feature_shape = [int(d) for d in model.input_shape[1:]]
+        df, feature_shape = data, model_feature_shape(model)
+        features = checked_features_column(df, features_col, feature_shape)
         fitted = spark_model.label_spec.kind if spark_model.label_spec else None
         kind = label_kind or fitted or infer_model_kind(model)
     else:
@@ -179,7 +185,7 @@ def predict(
                             "choose another output column name")
     udf = scores_udf(spark_model, feature_shape, batch_size, norm_config)
     inputs, scores = "__sparkdl_inputs", F.col("__sparkdl_scores")
-    out = (df.withColumn(inputs, features_column(df, column))
+    out = (df.withColumn(inputs, features)
            .withColumn("__sparkdl_scores", udf(F.col(inputs))))
     width = model_output_width(model)
     if kind == "regression":

@@ -96,13 +96,14 @@ def _output_activation(model: Any, name: str) -> str:
 def dataframe_inputs(
     df: DataFrame, model: Any, features_col: Any,
 ) -> list[tuple[str, Column, list[int]]]:
-    """``(input name, array<float> column, shape)`` for each model input of ``df``."""
-    from sparkdl.data.frames import features_column
+    """``(input name, array<float> column, shape)`` for each model input of ``df``, each
+    checked against the input's shape (:func:`sparkdl.data.frames.checked_features_column`)."""
+    from sparkdl.data.frames import checked_features_column
 
     inputs = model_inputs(model)
     if len(inputs) == 1 and not isinstance(features_col, Mapping):
         name, shape = inputs[0]
-        return [(name, features_column(df, features_col), shape)]
+        return [(name, checked_features_column(df, features_col, shape), shape)]
     if features_col == "features":
         features_col = {name: name for name, _ in inputs}
     if not isinstance(features_col, Mapping):
@@ -115,7 +116,8 @@ def dataframe_inputs(
     if missing:
         raise ConfigurationError(f"predict(): features_col names no column for the model's "
                                  f"input {missing[0]!r}")
-    return [(name, features_column(df, features_col[name]), shape) for name, shape in inputs]
+    return [(name, checked_features_column(df, features_col[name], shape, model_input=name),
+             shape) for name, shape in inputs]
 
 
 def predict_multi(

@@ -140,6 +140,46 @@ def test_a_keras_model_stage_transforms_in_a_pipeline_and_round_trips(connect, t
     assert [int(r["prediction"]) for r in again] == expected.tolist()
 
 
+def test_predict_refuses_features_the_model_does_not_take(connect):
+    """Issue 52, findings 2 and 6, on Connect: a width the first row shows is a DataError in
+    predict() itself; a bad row further on fails the action in one line (it was 73 lines)."""
+    import keras
+    from pyspark.errors import PySparkException
+
+    from sparkdl import DenseTrainingMaster, SparkModel
+    from sparkdl.errors import DataError
+
+    net = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4, activation="softmax")])
+    net.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    spark_model = SparkModel(connect, net, DenseTrainingMaster(num_workers=2))
+    narrow = connect.createDataFrame([([1.0] * 8,)] * 4, "features array<float>")
+    with pytest.raises(DataError, match=r"^features_col 'features': 8 values in the first row; "
+                                        r"the model's input shape \(16,\) takes 16$"):
+        spark_model.predict(narrow)
+    rows = [([1.0] * 16,)] * 6 + [([1.0] * 5,)]
+    out = spark_model.predict(connect.createDataFrame(rows, "features array<float>"))
+    # the fixture's SPARK_TESTING turns the JVM stack trace in the client's errors on; a
+    # user's session has both of these off
+    traces = ("spark.sql.pyspark.jvmStacktrace.enabled",
+              "spark.sql.connect.serverStacktrace.enabled")
+    saved = {key: connect.conf.get(key, None) for key in traces}
+    for key in traces:
+        connect.conf.set(key, "false")
+    try:
+        with pytest.raises(PySparkException) as failed:
+            out.collect()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                connect.conf.unset(key)
+            else:
+                connect.conf.set(key, value)
+    message = str(failed.value).strip()
+    assert len(message.splitlines()) == 1, message
+    assert "features_col 'features' holds 5 values in a row; the model's input shape (16,) " \
+        "takes 16" in message, message
+
+
 def test_fit_on_a_dataframe_trains(connect, digits):
     from sparkdl import DenseTrainingMaster, SparkModel
     from sparkdl.data.files import read_metadata

@@ -81,6 +81,10 @@ def test_a_keras_estimator_pipeline_runs_on_spark_connect(outcomes):
     _check(outcomes, "test_a_keras_estimator_pipeline_fits_and_transforms")
 
 
+def test_predict_on_spark_connect_refuses_features_the_model_does_not_take(outcomes):
+    _check(outcomes, "test_predict_refuses_features_the_model_does_not_take")
+
+
 def test_every_connect_case_is_reported_here(outcomes):
     names = {line.split("(")[0][4:] for line in CASES.read_text().splitlines()
              if line.startswith("def test_")}
