@@ -157,9 +157,10 @@ def checked_features_column(
 ) -> Column:
     """:func:`features_column`, checked against the model's input ``shape`` as ``fit`` checks
     its rows: a width the schema or the first row shows is a :class:`DataError` here, on the
-    driver (one ``limit(1)`` job); each row is checked where Spark computes it, a null, a
-    width other than ``prod(shape)`` or a null, NaN or infinite value failing the action in
-    one marked line (:func:`~sparkdl.data.spark_errors.fail_when`, no Python traceback)."""
+    driver (one ``limit(1)`` job, none for a streaming DataFrame); each row is checked where
+    Spark computes it, a null, a width other than ``prod(shape)`` or a null, NaN or infinite
+    value failing the action in one marked line
+    (:func:`~sparkdl.data.spark_errors.fail_when`, no Python traceback)."""
     from pyspark.sql import functions as F
 
     from sparkdl.data.spark_errors import dataframe_errors, fail_when
@@ -168,7 +169,7 @@ def checked_features_column(
     width = schema_feature_width(df, features_col)
     if width is not None:
         _check_width(width, "per row", features_col, shape, model_input)
-    else:
+    elif not df.isStreaming:  # a stream's rows are checked one by one only
         with dataframe_errors(what):
             first = df.select(F.size(features)).limit(1).collect()
         found = first[0][0] if first else None

@@ -123,3 +123,15 @@ def test_evaluate_refuses_the_same_frames_in_one_data_error(spark, spark_model, 
     with pytest.raises(DataError, match=r"features_col \['a', 'b'\]: 2 values per row; the "
                                         r"model's input shape \(16,\) takes 16"):
         spark_model.evaluate(df, features_col=["a", "b"], store=str(tmp_path / "store"))
+
+
+def test_a_streaming_dataframe_is_checked_row_by_row_only(spark):
+    """No first-row job on a stream (Spark refuses a batch action on it)."""
+    from pyspark.sql import functions as F
+
+    from sparkdl.data.frames import checked_features_column
+
+    stream = spark.readStream.format("rate").load().select(
+        F.array(F.col("value").cast("float")).alias("features"))
+    assert stream.isStreaming
+    checked_features_column(stream, "features", [3])  # no error: the rows fail as computed
