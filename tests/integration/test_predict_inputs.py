@@ -135,3 +135,19 @@ def test_a_streaming_dataframe_is_checked_row_by_row_only(spark):
         F.array(F.col("value").cast("float")).alias("features"))
     assert stream.isStreaming
     checked_features_column(stream, "features", [3])  # no error: the rows fail as computed
+
+
+def test_a_multi_input_model_names_the_input_whose_column_has_the_wrong_width(spark):
+    import keras
+
+    from sparkdl import DenseTrainingMaster, SparkModel
+
+    left, right = keras.Input((3,), name="left"), keras.Input((4,), name="right")
+    joined = keras.layers.Concatenate()([left, right])
+    net = keras.Model([left, right], keras.layers.Dense(2, activation="softmax")(joined))
+    net.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    spark_model = SparkModel(spark, net, DenseTrainingMaster(num_workers=2))
+    df = spark.createDataFrame([([1.0] * 3, [1.0] * 2)], "a array<float>, b array<float>")
+    with pytest.raises(DataError, match=r"^features_col 'b' \(input 'right'\): 2 values in the "
+                                        r"first row; the model's input shape \(4,\) takes 4$"):
+        spark_model.predict(df, features_col={"left": "a", "right": "b"})
