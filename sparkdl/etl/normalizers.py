@@ -27,20 +27,19 @@ def _summarize(df: DataFrame, column: str) -> dict[str, Any]:
 
     if column not in df.columns:
         raise DataError(f"cannot fit a normalizer: no column {column!r} in {df.columns}")
-    sizes = df.select(F.min(F.size(column)), F.max(F.size(column))).collect()[0]
-    if sizes[0] is None:
-        raise DataError(f"cannot fit a normalizer on column {column!r}: the DataFrame is empty")
-    if sizes[0] != sizes[1]:
-        raise DataError(
-            f"cannot fit a normalizer on column {column!r}: rows have from {sizes[0]} to "
-            f"{sizes[1]} values"
-        )
     summarizer = Summarizer.metrics("count", "mean", "variance", "min", "max")
-    row = (
-        df.select(array_to_vector(F.col(column)).alias("v"))
-        .select(summarizer.summary(F.col("v")).alias("s"))
-        .collect()[0]["s"]
-    )
+    size = F.size(column)
+    sizes_of = [F.min(size).alias("lo"), F.max(size).alias("hi")]
+    # One Spark query: the lengths and the statistics together. Rows of different lengths
+    # fail the summary; the lengths alone then tell which error that is.
+    try:
+        result = df.select(*sizes_of, summarizer.summary(
+            array_to_vector(F.col(column))).alias("s")).collect()[0]
+    except Exception:
+        _check_sizes(column, df.select(*sizes_of).collect()[0])
+        raise
+    _check_sizes(column, result)
+    row = result["s"]
     n = int(row["count"])
     var = row["variance"].toArray() * ((n - 1) / n if n > 1 else 0.0)  # sample -> population
     stats = {
@@ -56,6 +55,17 @@ def _summarize(df: DataFrame, column: str) -> dict[str, Any]:
                 f"column {column!r} has NaN or infinite values: cannot fit a normalizer"
             )
     return stats
+
+
+def _check_sizes(column: str, sizes: Any) -> None:
+    """The DataError of an empty DataFrame or of rows of different lengths (``lo``, ``hi``)."""
+    if sizes["lo"] is None:
+        raise DataError(f"cannot fit a normalizer on column {column!r}: the DataFrame is empty")
+    if sizes["lo"] != sizes["hi"]:
+        raise DataError(
+            f"cannot fit a normalizer on column {column!r}: rows have from {sizes['lo']} to "
+            f"{sizes['hi']} values"
+        )
 
 
 def _affine_column(column: str, shift: np.ndarray, scale: np.ndarray,

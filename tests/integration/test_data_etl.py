@@ -75,6 +75,12 @@ def test_normalizer_errors(spark) -> None:
     empty = spark.createDataFrame([], "features array<float>, label long")
     with pytest.raises(DataError, match="column 'features': the DataFrame is empty"):
         StandardizeNormalizer().fit(empty)
+    # the lengths and the statistics are one query: rows of different lengths still name
+    # the lengths, not the summary's failure
+    ragged = spark.createDataFrame([([1.0, 2.0], 0), ([1.0, 2.0, 3.0], 1)],
+                                   "features array<float>, label long")
+    with pytest.raises(DataError, match="column 'features': rows have from 2 to 3 values"):
+        MinMaxNormalizer().fit(ragged)
 
 
 def test_split_deterministic(spark) -> None:
@@ -123,3 +129,15 @@ def test_digits_pipeline(spark, tmp_path: Path) -> None:
     assert {tuple(r) for r in flat} <= normalized
     with pytest.raises(DataError, match="already exists"):
         get_pipeline("digits")(spark, out_dir)
+
+
+def test_digits_arrays_are_load_digits() -> None:
+    """The digits read without importing scikit-learn are load_digits's, bit for bit."""
+    from sklearn.datasets import load_digits
+
+    from sparkdl.etl.samples import digits_arrays
+
+    x, y = digits_arrays()
+    bunch = load_digits()
+    assert x.dtype == bunch.data.dtype and y.dtype == bunch.target.dtype
+    assert x.tobytes() == bunch.data.tobytes() and y.tobytes() == bunch.target.tobytes()
