@@ -6,6 +6,9 @@ against it; the reader and the writer use the same checks.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +19,8 @@ from sparkdl.errors import DataError
 FEATURES = "features"
 LABEL = "label"
 WEIGHT = "sample_weight"  # the sample-weight column of weighted shards written by sparkdl
+#: At most this many footers are read at once by :func:`verify_files`.
+_FOOTER_THREADS = 8
 
 
 def read_metadata(uri: str, *, verify: bool = True) -> ShardMetadata:
@@ -199,21 +204,41 @@ def verify_files(uri: str, metadata: ShardMetadata) -> None:
     column, a wrong type, row groups that differ from the metadata, or schema drift (a file
     whose ``features`` / ``label`` types differ from the first file's).
     """
-    first: tuple[str, list[pa.DataType]] | None = None
-    for entry in metadata.files:
-        handle = ShardFileHandle(uri, entry.path, metadata)
+    def types_of(path: str) -> tuple[str, list[pa.DataType]]:
+        handle = ShardFileHandle(uri, path, metadata)
         try:
             schema = handle._file.schema_arrow
-            types = [schema.field(name).type for name in metadata.columns]
+            return handle.source, [schema.field(name).type for name in metadata.columns]
         finally:
             handle.close()
+
+    paths = [entry.path for entry in metadata.files]
+    if len(paths) < 2:
+        _check_drift(metadata, map(types_of, paths))
+        return
+    # The footers are read on threads (one round trip each on an object store), and checked
+    # in the listed order: the error raised is the one a serial check meets first.
+    with ThreadPoolExecutor(min(len(paths), _FOOTER_THREADS)) as pool:
+        futures = [pool.submit(types_of, p) for p in paths]
+        try:
+            _check_drift(metadata, (f.result() for f in futures))
+        finally:
+            for f in futures:
+                f.cancel()
+
+
+def _check_drift(metadata: ShardMetadata,
+                 footers: Iterator[tuple[str, list[pa.DataType]]]) -> None:
+    """Each file's column types (``(source, types)`` in listed order) equal the first's."""
+    first: tuple[str, list[pa.DataType]] | None = None
+    for source, types in footers:
         if first is None:
-            first = (handle.source, types)
+            first = (source, types)
             continue
         for name, want, got in zip(metadata.columns, first[1], types):
             if want != got:
                 raise DataError(
-                    f"schema drift: shard file {handle.source} has column {name!r} of type "
+                    f"schema drift: shard file {source} has column {name!r} of type "
                     f"{got}, but {first[0]} has {want}"
                 )
 
