@@ -174,8 +174,15 @@ def test_a_killed_worker_and_then_a_killed_executor_resume_from_checkpoints(
     finally:
         code, text = finish(proc, out, log)
     _check_recovered(out, code, text, reference, digits_shards, hurt_at)
-    resumed = json.loads((out / "metrics.json").read_text())["resumed_from"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    resumed = metrics["resumed_from"]
     assert resumed.rsplit("/", 1)[-1] not in before, (resumed, before)  # from the retry's own
+    # Spark's retries, in the metrics as a relaunch with the same workers at the checkpoint
+    # the last attempt resumed from
+    [event] = metrics["elastic_events"]
+    assert (event["from_workers"], event["to_workers"]) == (2, 2), event
+    step = event["epoch"] * metrics["steps_per_epoch"] + event["step"]
+    assert resumed.endswith(f"ckpt-{step:010d}"), (event, resumed)
 
 
 @pytest.mark.slow
