@@ -86,6 +86,50 @@ class TrainingMaster(abc.ABC):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "mode")
         return f"{type(self).__name__}({args})"
 
+    def describe(self) -> str:
+        """The mode and the settings that differ from this class's defaults, in one short
+        line (workers and batch size are said beside it): ``"sharing"``,
+        ``"averaging (averaging_frequency=10)"``, ``"sharing (compressor=PowerSGD(rank=4))"``."""
+        try:
+            defaults = type(self)().get_config()
+        except Exception:  # a subclass without defaults: every setting is the user's
+            defaults = {}
+        changed = [f"{key}={_describe_value(value, defaults.get(key))}"
+                   for key, value in self.get_config().items()
+                   if key not in _SAID_APART and (key not in defaults or value != defaults[key])]
+        return f"{self.mode} ({', '.join(changed)})" if changed else self.mode
+
+
+_SAID_APART = ("mode", "batch_size_per_worker", "num_workers")
+
+
+def _describe_value(value: Any, default: Any) -> str:
+    """``value`` for :meth:`TrainingMaster.describe`: a nested config (``class_name`` and
+    ``config``) as its short class name and the entries that differ from ``default``'s, or
+    from its own class's defaults when ``default`` is another class."""
+    if not (isinstance(value, dict) and "class_name" in value):
+        return repr(value)
+    name = value["class_name"]
+    if not (isinstance(default, dict) and default.get("class_name") == name):
+        default = _default_config(value)
+    inner = value.get("config") or {}
+    base = (default or {}).get("config") or {}
+    parts = [f"{key}={_describe_value(item, base.get(key))}" for key, item in inner.items()
+             if key not in base or item != base[key]]
+    short = name.removesuffix("CompressorConfig") or name
+    return f"{short}({', '.join(parts)})"
+
+
+def _default_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The config of a default-constructed compressor of ``config``'s class, or None."""
+    import importlib
+
+    try:
+        module = importlib.import_module(config["module"])
+        return compressor_to_config(getattr(module, config["class_name"])())
+    except Exception:  # not a compressor config, or one without defaults
+        return None
+
 
 class SharedTrainingMaster(TrainingMaster):
     """Threshold-compressed gradient sharing (Strom 2015), as in DL4J's SharedTrainingMaster.

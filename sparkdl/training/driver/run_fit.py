@@ -134,7 +134,8 @@ def run_fit(
     secret = secrets.token_bytes(32)
     log.info(
         "fit: %s, %d workers x batch %d, %d steps/epoch, epochs %d-%d%s",
-        master, master.num_workers, master.batch_size_per_worker, spec.steps_per_epoch,
+        master.describe(), master.num_workers, master.batch_size_per_worker,
+        spec.steps_per_epoch,
         options.initial_epoch, options.epochs - 1,
         f", validation every {options.validation_freq} epoch(s)" if validation else "",
     )
