@@ -18,6 +18,7 @@ SUITES = {
     "training": "benchmarks.training",
     "reader": "benchmarks.reader",
     "etl": "benchmarks.etl",
+    "first-minute": "benchmarks.first_minute",
     "scaling": "benchmarks.scaling",
     "scaling-model": "benchmarks.scaling_model",
     "overlap": "benchmarks.overlap",
@@ -39,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cluster", metavar="STATE_DIR",
                         help="scaling: use the running netcluster recorded in STATE_DIR "
                         "instead of bringing one up")
-    parser.add_argument("--repeats", type=int, help="scaling: alternating repeats per cell")
+    parser.add_argument("--repeats", type=int, help="scaling: alternating repeats per cell; "
+                        "first-minute: runs of each (default 3)")
     parser.add_argument("--cpu-only", action="store_true",
                         help="scaling: only the in-process CPU work per mode (exchange_cpu_s "
                         "and its ratio to the plain step), no cluster")

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -148,6 +149,9 @@ def get_spark(cluster: ClusterSettings | None = None, *,
     if not _own_log4j_config():  # this session launches the driver JVM: quiet its start-up
         current = cluster.spark_conf.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS)
         options[_DRIVER_JAVA_OPTIONS] = driver_java_options(current)
+    started = time.monotonic()
+    log.info("starting Spark (master %s)", options.get("spark.master")
+             or conf.get("spark.master", None) or "from spark-submit")
     if jvm_stderr is not None and SparkContext._gateway is None and not _connect(cluster):
         # launch the driver JVM as getOrCreate would (the same settings on its command
         # line), only with its stderr named
@@ -157,7 +161,9 @@ def get_spark(cluster: ClusterSettings | None = None, *,
         gateway = launch_gateway(  # type: ignore[no-untyped-call]
             launch_conf, popen_kwargs={"stderr": jvm_stderr})
         SparkContext._ensure_initialized(gateway=gateway)
-    return SparkSession.builder.config(map={**options}).getOrCreate()
+    spark = SparkSession.builder.config(map={**options}).getOrCreate()
+    log.info("Spark started in %.1f s", time.monotonic() - started)
+    return spark
 
 
 def starts_beside_tensorflow(cluster: ClusterSettings) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,10 +95,13 @@ def run_etl(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
                 "sample weights (the csv pipeline does)"
             )
         options["sample_weight_column"] = config.data.sample_weight_column
-    result = pipeline(
-        spark, as_uri(config.data.dir), overwrite=config.data.overwrite, **options
-    )
-    log.info("etl: wrote %s", result)
+    target = as_uri(config.data.dir)
+    log.info("etl: the %s pipeline, writing shards to %s", config.data.pipeline, target)
+    started = time.monotonic()
+    result = pipeline(spark, target, overwrite=config.data.overwrite, **options)
+    rows = ", ".join(f"{result[key]} {key.removesuffix('_rows')}" for key in result
+                     if key.endswith("_rows"))
+    log.info("etl: %s rows written in %.1f s", rows or "the", time.monotonic() - started)
     return result
 
 
@@ -172,6 +176,7 @@ def _train(
     unit = _train_unit(config)
     stale = [*STALE_AFTER_TRAIN, *([] if SAVEDMODEL_DIR in unit else [SAVEDMODEL_DIR])]
     out.publish_unit(unit, stale=stale, markers=MARKERS)
+    log.info("train: the model and its metrics written to %s", out.location(MODEL_FILE))
     return metrics
 
 
@@ -184,6 +189,7 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
 
     configure_storage(config, spark)
     _, test_uri = shard_uris(config)
+    log.info("evaluate: the trained model on %s", test_uri)
     with output_dir(config) as out:
         model = keras.models.load_model(_trained_model(out))
         spark_model = SparkModel(
@@ -204,6 +210,8 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
         _write_json_atomically(new / METRICS_FILE, metrics)
         write_report(new)
         out.publish_unit([EVALUATION_FILE, REPORT_FILE, METRICS_FILE], markers=MARKERS)
+        log.info("evaluate: the evaluation and report written to %s",
+                 out.location(REPORT_FILE))
     return metrics
 
 

@@ -73,6 +73,11 @@ def test_pipeline_job_default_conf(tmp_path):
     assert not arrivals[-1][0], "the result line came before the model was saved"
     banner = [line for line in [*stdout.splitlines(), *stderr_lines] if TF_BANNER.search(line)]
     assert len(banner) <= 2, banner
+    # from the first seconds it says what it does: Spark's start, the ETL, the workers ready
+    said = [next((line for line in stderr_lines if what in line), None)
+            for what in ("starting Spark", "Spark started in", "etl: the digits pipeline",
+                         "train, 374 test rows written in", "the workers are ready")]
+    assert all(said), (said, stderr_lines[:20])
     chatter = [line for line in stderr_lines if STARTUP_CHATTER.search(line)]
     assert chatter == [], chatter  # the JVM's start-up lines (log4j notice, hostname, ...)
     result = json.loads(arrivals[-1][1])  # one JSON object, the last line

@@ -98,3 +98,23 @@ def test_the_sweep_floor_reads_its_vector_and_leaves_it_as_it_is():
     before = vector.copy()
     assert threshold_encode(vector, MAX_TAU, check_finite=True).nnz == 0
     np.testing.assert_array_equal(vector, before)  # every round sweeps the same vector
+
+
+def test_first_minute_phases_come_from_the_jobs_own_log_lines():
+    from datetime import datetime
+
+    from benchmarks.first_minute import MARKERS, phases
+
+    t0 = datetime(2026, 11, 29, 12, 0, 0).timestamp()
+    lines = ["WARNING: Using incubator modules: jdk.incubator.vector"]
+    offsets = {"starting Spark": 2.0, "Spark started in 3.0 s": 5.0,
+               "etl: 1423 train, 374 test rows written in 4.0 s": 9.5,
+               "fit: sharing, 2 workers x batch 32": 10.0, "the workers are ready": 13.0,
+               "train: the model and its metrics written to x": 20.0,
+               "evaluate: the evaluation and report written to y": 23.0}
+    for message, at in offsets.items():
+        stamp = datetime.fromtimestamp(t0 + at).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+        lines.append(f"{stamp} INFO sparkdl: {message}")
+    found = phases("\n".join(lines), t0, t0 + 25.0)
+    assert list(found) == [*MARKERS, "exit"]
+    assert [round(v, 3) for v in found.values()] == [2.0, 3.0, 4.5, 0.5, 3.0, 7.0, 3.0, 2.0]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -195,6 +196,7 @@ class DriverCallbacks:
         )
         self.callbacks.set_params(params)
         self._begun: set[int] = set()
+        self._created = time.monotonic()
         self._answers: dict[int, dict[str, Any]] = {}
         self.epochs_seen: list[int] = []
 
@@ -207,6 +209,8 @@ class DriverCallbacks:
         data = message.data
         kind = data.get("kind")
         if kind == "train_begin":
+            log.info("fit: the workers are ready %.1f s after the fit began; training from "
+                     "epoch %d", time.monotonic() - self._created, int(data.get("epoch", 0)))
             self._restore_history(data.get("history") or [], int(data.get("epoch", 0)))
             self._begin_epoch(int(data.get("epoch", 0)))
             answer: dict[str, Any] = {"learning_rate": get_learning_rate(self.model.optimizer)}
