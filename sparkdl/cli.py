@@ -258,10 +258,12 @@ def run_benchmark(argv: Sequence[str]) -> int:
         return fail("benchmark", f"the benchmarks are not installed with sparkdl ({source_tree} "
                     "has no benchmarks/): install sparkdl from a source checkout "
                     "(pip install -e .) or run python jobs/benchmark.py there")
-    if str(source_tree) not in sys.path:
-        sys.path.insert(0, str(source_tree))
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(source_tree), os.environ.get("PYTHONPATH")]))
+    tree = str(source_tree)
+    if tree not in sys.path:
+        sys.path.insert(0, tree)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if tree not in paths:  # the benchmarks' Spark workers import them too
+        os.environ["PYTHONPATH"] = os.pathsep.join([tree, *paths])
     cli = importlib.import_module("benchmarks.cli")
     return int(cli.main(argv))
 

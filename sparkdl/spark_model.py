@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from typing_extensions import TypeIs
-
 from sparkdl.config import ClusterConfig
 from sparkdl.data.files import read_metadata
+from sparkdl.data.frames import is_dataframe
 from sparkdl.errors import ConfigurationError
 from sparkdl.evaluation.plan import EvaluationRequest
 from sparkdl.training.driver.keras_fit import KerasFit
@@ -119,7 +118,7 @@ class SparkModel(KerasFit):
         validation DataFrame. The other arguments are :meth:`KerasFit.fit`'s.
         """
         self._check_elastic(kwargs.get("checkpoint_dir"))  # before any shards are written
-        if _is_dataframe(data):
+        if is_dataframe(data):
             self.label_spec = None
             data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards,
                                    weight_col=sample_weight_col)
@@ -133,7 +132,7 @@ class SparkModel(KerasFit):
                 "fit() takes a Spark DataFrame or the URI of a shard directory (str), "
                 f"got {type(data).__name__}"
             )
-        if _is_dataframe(validation_data):
+        if is_dataframe(validation_data):
             validation_data = self._shards_of(
                 validation_data, features_col, label_col, label_kind, store, keep_shards,
                 what="fit(validation_data)", weight_col=sample_weight_col,
@@ -248,7 +247,7 @@ class SparkModel(KerasFit):
         """
         from sparkdl.spark import inference
 
-        if _is_dataframe(data):
+        if is_dataframe(data):
             data = self._shards_of(data, features_col, label_col, None, store, keep_shards,
                                    what="evaluate()")
         return inference.evaluate(self, data, batch_size, evaluations=evaluations)
@@ -277,12 +276,6 @@ class SparkModel(KerasFit):
 
 
 # Driver-side helpers ------------------------------------------------------------------------
-
-
-def _is_dataframe(data: Any) -> TypeIs[DataFrame]:
-    from pyspark.sql import DataFrame
-
-    return isinstance(data, DataFrame)
 
 
 __all__ = ["SparkModel"]

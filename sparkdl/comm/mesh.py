@@ -60,7 +60,7 @@ from sparkdl.comm.communicator import (
     check_broadcast_root,
     reduce_destination,
 )
-from sparkdl.comm.network import listen_on
+from sparkdl.comm.network import listen_on, split_host_port
 from sparkdl.comm.tcp.formation import _Acceptor, _connect, connect_ring
 from sparkdl.comm.tcp.frames import _OP_NAMES, _Peer, _tune
 from sparkdl.comm.tcp.ring import TcpRingCommunicator
@@ -533,7 +533,7 @@ class _Links:
             values = exchange(f"{address}|{','.join(map(str, self.ports))}")
             self.published = [str(v).partition("|")[2] for v in values]
             ring_addresses = [str(v).partition("|")[0] for v in values]
-            self.hosts = [a.rpartition(":")[0].strip("[]") for a in ring_addresses]
+            self.hosts = [split_host_port(a)[0] for a in ring_addresses]
             return ring_addresses
 
         return wrapped

@@ -15,11 +15,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import TypeIs
+
 from sparkdl.data.files import FEATURES, LABEL, WEIGHT
 from sparkdl.errors import ConfigurationError, DataError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+
+
+def is_dataframe(data: Any) -> TypeIs[DataFrame]:
+    """Whether ``data`` is a Spark DataFrame, classic or Spark Connect."""
+    from pyspark.sql import DataFrame
+
+    return isinstance(data, DataFrame)
 
 FeaturesCol = str | Sequence[str]
 _ACCEPTED_FEATURES = (

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pickle
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any
 
 from sparkdl.data.files import read_metadata
+from sparkdl.data.frames import is_dataframe
 from sparkdl.errors import ConfigurationError, DataError
 from sparkdl.evaluation import evaluation_from_dict
 from sparkdl.evaluation.plan import EvaluationRequest, by_output, evaluation_plan
@@ -156,12 +157,12 @@ def predict(
         feature_shape = metadata.feature_shape
         kind = label_kind or metadata.label_kind
         features = features_column(df, "features")  # the shards' rows were checked when written
-    elif _is_dataframe(data) and is_multi_model(model):
+    elif is_dataframe(data) and is_multi_model(model):
         _no_normalizer(norm_config)
         return predict_multi(spark_model, data, dataframe_inputs(data, model, features_col),
                              output_kinds(model, label_kind, None), batch_size, prediction_col,
                              probability_col)
-    elif _is_dataframe(data):
+    elif is_dataframe(data):
         if isinstance(features_col, Mapping):
             raise ConfigurationError("predict(): features_col as a dict by input name is for "
                                      "models with several inputs")
@@ -285,13 +286,6 @@ def normalizer_config(
 
 # Runs inside Spark tasks ------------------------------------------------------------------
 
-
-
-def _is_dataframe(data: Any) -> TypeGuard[DataFrame]:
-    """A classic or a Spark Connect DataFrame."""
-    from pyspark.sql import DataFrame
-
-    return isinstance(data, DataFrame)
 
 
 def _join(uri: str, relative: str) -> str:

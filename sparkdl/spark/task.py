@@ -83,7 +83,7 @@ def _run(context: Any, rank: int, addresses: list[str], spec_bytes: bytes,
     """Meet the other tasks (``addresses``: every task's executor, ``host:port``, by rank),
     then train."""
     from sparkdl.comm import create_communicator
-    from sparkdl.comm.network import parse_port_range
+    from sparkdl.comm.network import parse_port_range, split_host_port
     from sparkdl.cpus import current_cpus, local_group, plan_cores, sharing_key
     from sparkdl.gpu import pin_gpus, task_gpu_addresses
     from sparkdl.training.worker.task import run_task
@@ -93,7 +93,7 @@ def _run(context: Any, rank: int, addresses: list[str], spec_bytes: bytes,
     spec = pickle.loads(spec_bytes)
     world = len(addresses)
     # every rank's host, the same list on every rank: the topology needs no round to learn it
-    hosts = [executor.rsplit(":", 1)[0] for executor in addresses]
+    hosts = [split_host_port(executor)[0] for executor in addresses]
     host = hosts[rank]
     with contextlib.suppress(OSError):
         host = socket.gethostbyname(host)
