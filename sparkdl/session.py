@@ -83,6 +83,24 @@ def driver_java_options(current: str | None) -> str:
     return f"{current} {ours}".strip()
 
 
+#: The JIT of a local master's driver JVM: C1 only. That JVM also runs the tasks, and in the
+#: small jobs a local master serves, C2's compilation is most of its CPU at start (about half
+#: of the JVM's CPU in the session's start and a small ETL, on 2 cores).
+LOCAL_DRIVER_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def local_driver_jit(master: str | None, current: str | None) -> str:
+    """``spark.driver.extraJavaOptions`` with :data:`LOCAL_DRIVER_JIT` added for a ``local``
+    master, unless the options already choose the JIT (``-XX:TieredStopAtLevel``,
+    ``-XX:-TieredCompilation``): a user whose local job runs long JVM work sets
+    ``-XX:TieredStopAtLevel=4`` there."""
+    current = (current or "").strip()
+    local = master is not None and (master == "local" or master.startswith("local["))
+    if not local or "TieredStopAtLevel" in current or "TieredCompilation" in current:
+        return current
+    return f"{current} {LOCAL_DRIVER_JIT}".strip()
+
+
 def _own_log4j_config() -> bool:
     """Whether ``$SPARK_CONF_DIR`` (or ``$SPARK_HOME/conf``) holds a log4j 2 configuration."""
     conf_dir = os.environ.get("SPARK_CONF_DIR") or (
@@ -149,6 +167,12 @@ def get_spark(cluster: ClusterSettings | None = None, *,
     if not _own_log4j_config():  # this session launches the driver JVM: quiet its start-up
         current = cluster.spark_conf.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS)
         options[_DRIVER_JAVA_OPTIONS] = driver_java_options(current)
+    if SparkContext._gateway is None:  # this call launches the driver JVM
+        master = options.get("spark.master") or conf.get("spark.master", None)
+        jit = local_driver_jit(master, options.get(_DRIVER_JAVA_OPTIONS)
+                               or conf.get(_DRIVER_JAVA_OPTIONS, None))
+        if jit:
+            options[_DRIVER_JAVA_OPTIONS] = jit
     started = time.monotonic()
     log.info("starting Spark (master %s)", options.get("spark.master")
              or conf.get("spark.master", None) or "from spark-submit")

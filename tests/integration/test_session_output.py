@@ -21,6 +21,8 @@ spark = get_spark()
 print("rows", spark.range(5).count())
 print("parallelism as the context says:",
       default_parallelism(spark) == spark.sparkContext.defaultParallelism)
+jvm_args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+print("C1 only:", "-XX:TieredStopAtLevel=1" in list(jvm_args.getInputArguments()))
 try:
     spark.range(2).selectExpr("raise_error('a bad record')").collect()
 except Exception as exc:
@@ -36,13 +38,27 @@ def test_a_job_session_starts_and_fails_a_task_without_the_jvms_chatter(tmp_path
     proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # a local master's driver JVM compiles with C1 only (sparkdl.session.local_driver_jit)
     assert proc.stdout.splitlines() == ["rows 5", "parallelism as the context says: True",
+                                        "C1 only: True",
                                         "failed: True"]
     chatter = [line for line in proc.stderr.splitlines() if STARTUP_CHATTER.search(line)]
     assert chatter == [], proc.stderr
     # a failed task's JVM stack trace stays out (sparkdl/log4j2.properties)
     assert not [line for line in proc.stderr.splitlines()
                 if "Executor:" in line or "TaskSetManager:" in line], proc.stderr
+
+
+def test_a_local_masters_driver_compiles_with_c1_unless_the_user_says_otherwise():
+    from sparkdl.session import local_driver_jit
+
+    assert local_driver_jit("local[2]", "-Xss4m") == "-Xss4m -XX:TieredStopAtLevel=1"
+    assert local_driver_jit("local", "") == "-XX:TieredStopAtLevel=1"
+    assert local_driver_jit("local[*]", None) == "-XX:TieredStopAtLevel=1"
+    for mine in ("-XX:TieredStopAtLevel=4", "-XX:-TieredCompilation"):
+        assert local_driver_jit("local[2]", mine) == mine
+    for master in ("spark://host:7077", "local-cluster[2,1,1024]", "yarn", None):
+        assert local_driver_jit(master, "-Xss4m") == "-Xss4m"
 
 
 def test_a_log4j_setting_of_the_users_own_is_kept():
