@@ -164,10 +164,12 @@ def get_spark(cluster: ClusterSettings | None = None, *,
         if not conf.contains(key):
             options[key] = value
     options.update(cluster.spark_conf)
+    # whether this call launches the driver JVM (not spark-submit's, not a Connect server's)
+    launches_jvm = SparkContext._gateway is None and not _connect(cluster)
     if not _own_log4j_config():  # this session launches the driver JVM: quiet its start-up
         current = cluster.spark_conf.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS)
         options[_DRIVER_JAVA_OPTIONS] = driver_java_options(current)
-    if SparkContext._gateway is None:  # this call launches the driver JVM
+    if launches_jvm:
         master = options.get("spark.master") or conf.get("spark.master", None)
         jit = local_driver_jit(master, options.get(_DRIVER_JAVA_OPTIONS)
                                or conf.get(_DRIVER_JAVA_OPTIONS, None))
@@ -176,7 +178,7 @@ def get_spark(cluster: ClusterSettings | None = None, *,
     started = time.monotonic()
     log.info("starting Spark (master %s)", options.get("spark.master")
              or conf.get("spark.master", None) or "from spark-submit")
-    if jvm_stderr is not None and SparkContext._gateway is None and not _connect(cluster):
+    if jvm_stderr is not None and launches_jvm:
         # launch the driver JVM as getOrCreate would (the same settings on its command
         # line), only with its stderr named
         from pyspark.java_gateway import launch_gateway

@@ -17,7 +17,7 @@ HARNESS = "benchmarks/"
 # get_spark starting a classic session: under spark-submit (its JVM is already running), or
 # launching the driver JVM with its stderr named (sparkdl.session.get_spark's jvm_stderr)
 ALLOWED = {"from pyspark import SparkConf, SparkContext", "SparkContext._ensure_initialized()",
-           "if jvm_stderr is not None and SparkContext._gateway is None and not _connect(cluster):",
+           "launches_jvm = SparkContext._gateway is None and not _connect(cluster)",
            "SparkContext._ensure_initialized(gateway=gateway)"}
 
 
