@@ -10,21 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _models import zero_branch_model
 
 pytestmark = pytest.mark.spark
-
-
-def _zero_branch_model():
-    """A tanh of a zero-initialised layer feeds a 64 x 32 kernel, compressed at rank 2."""
-    import keras
-
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([
-        keras.Input((12,)), keras.layers.Dense(64, "tanh", kernel_initializer="zeros"),
-        keras.layers.Dense(32, "tanh"), keras.layers.Dense(3)])
-    model.compile(keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=False,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
 
 
 def test_a_zero_initialised_branch_trains_under_powersgd_on_spark_as_under_dense(
@@ -44,7 +32,7 @@ def test_a_zero_initialised_branch_trains_under_powersgd_on_spark_as_under_dense
     }
     moved = {}
     for name, master in masters.items():
-        spark_model = SparkModel(spark, _zero_branch_model(), master)
+        spark_model = SparkModel(spark, zero_branch_model(), master)
         before = spark_model.model.layers[1].kernel.numpy().copy()
         fit = spark_model.fit(df, epochs=2, store=str(tmp_path / "store"), verbose=0)
         assert fit.workers[0].checksum == fit.workers[1].checksum  # replicas identical

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 from _comm_harness import run_threads
+from _models import zero_branch_model
 
 from sparkdl.compression import compressor_from_config, compressor_to_config
 from sparkdl.compression.powersgd import PowerSGDCompressor, PowerSGDCompressorConfig
@@ -231,22 +232,10 @@ def test_replicas_stay_bit_identical_and_train_as_well_as_dense():
     assert powersgd[0][1] < dense[0][1] + 0.15  # about as well as dense
 
 
-def _zero_branch_model() -> keras.Model:
-    """A tanh of a zero-initialised layer feeds a 64 x 32 kernel (compressed at rank 2): that
-    kernel's gradient is exactly zero on the first step, as a LoRA-style zero branch's is."""
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential([
-        keras.Input((12,)), keras.layers.Dense(64, "tanh", kernel_initializer="zeros"),
-        keras.layers.Dense(32, "tanh"), keras.layers.Dense(3)])
-    model.compile(keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=False,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
 def test_a_kernel_whose_first_gradient_is_zero_trains_as_under_dense():
     moved = {}
     for exchange in ("powersgd", "dense"):
-        models = [_zero_branch_model() for _ in range(2)]
+        models = [zero_branch_model() for _ in range(2)]
         before = models[0].layers[1].kernel.numpy().copy()
         results = _fit(2, exchange, 12, models=models)
         assert len({checksum for checksum, _, _ in results}) == 1
