@@ -290,7 +290,8 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
             set_learning_rate(model.optimizer, self.getOrDefault(self.learningRate))
         spark_model = SparkModel(dataset.sparkSession, model,
                                  master_from_training_config(training, model),
-                                 custom_objects=custom_objects)
+                                 custom_objects=custom_objects,
+                                 store=self.getOrDefault(self.store) or training.store)
         write = {"features_col": self.getFeaturesCol(), "label_col": self.getLabelCol(),
                  "label_kind": None if label_kind == "auto" else label_kind,
                  "store": self.getOrDefault(self.store) or training.store,

@@ -118,6 +118,12 @@ class _ProcessLauncher:
                 '`if __name__ == "__main__":`'
             )
 
+    def model_dir(self, data_uri: str, checkpoint_dir: str | None) -> str:
+        """The workers share this machine: a temporary directory of this process."""
+        from sparkdl.training.model_files import temporary_model_dir
+
+        return temporary_model_dir()
+
     def cancel(self) -> None:
         for process in list(self._processes):
             if process.is_alive():

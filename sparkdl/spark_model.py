@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from sparkdl.spark.launcher import SparkLauncher
     from sparkdl.training.driver.fit import FitOptions
     from sparkdl.training.driver.run_fit import FitResult
+    from sparkdl.training.model_files import ModelRef
 
 log = logging.getLogger("sparkdl")
 
@@ -61,9 +62,18 @@ class SparkModel(KerasFit):
         elastic: ElasticPolicy | None = None,
         task_cpus: int | None = None,
         task_gpus: float | None = None,
+        store: str | None = None,
     ) -> None:
         """``task_cpus`` / ``task_gpus`` (default: ``cluster.task_cpus`` / ``task_gpus``) put
-        a ResourceProfile on the training stage only (stage-level scheduling)."""
+        a ResourceProfile on the training stage only (stage-level scheduling).
+
+        ``store`` (a filesystem URI every executor reads: ``hdfs://``, ``s3://``, a shared
+        ``file://`` path) is the run store: the shards written from DataFrames, and the
+        model files the executors load to train, evaluate and predict (the model never rides
+        in a Spark message). Default: a temporary directory on local masters; on a cluster
+        the checkpoint directory or the shard directory for a fit, and for the shards of a
+        DataFrame a store is required. ``fit``'s and ``evaluate``'s ``store`` override it for
+        that call's shards (and a fit's model)."""
         if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
             raise ConfigurationError("the Keras model must be compiled (model.compile(...))")
         if elastic is not None:
@@ -80,6 +90,8 @@ class SparkModel(KerasFit):
         self.task_cpus = task_cpus
         self.task_gpus = task_gpus
         self.custom_objects = custom_objects
+        self.store = store
+        self._fit_store: str | None = None  # the store of the fit running now
         self.last_fit: FitResult | None = None
         self.label_spec: LabelSpec | None = None  # what fit() learned about the labels
 
@@ -118,6 +130,7 @@ class SparkModel(KerasFit):
         validation DataFrame. The other arguments are :meth:`KerasFit.fit`'s.
         """
         self._check_elastic(kwargs.get("checkpoint_dir"))  # before any shards are written
+        store = store or self.store
         if is_dataframe(data):
             self.label_spec = None
             data = self._shards_of(data, features_col, label_col, label_kind, store, keep_shards,
@@ -137,7 +150,11 @@ class SparkModel(KerasFit):
                 validation_data, features_col, label_col, label_kind, store, keep_shards,
                 what="fit(validation_data)", weight_col=sample_weight_col,
             )
-        return super().fit(data, epochs, validation_data=validation_data, **kwargs)
+        self._fit_store = store
+        try:
+            return super().fit(data, epochs, validation_data=validation_data, **kwargs)
+        finally:
+            self._fit_store = None
 
     def fit_with(self, data: str, options: FitOptions) -> FitResult:
         self._check_elastic(options.checkpoint_dir)
@@ -207,7 +224,7 @@ class SparkModel(KerasFit):
 
         return SparkLauncher(self.spark, self.cluster, mode=self.training_master.mode,
                              elastic=self.elastic, task_cpus=self.task_cpus,
-                             task_gpus=self.task_gpus)
+                             task_gpus=self.task_gpus, store=self._fit_store or self.store)
 
     def _channel_settings(self) -> ChannelSettings:
         from sparkdl.comm.network import parse_port_range
@@ -215,6 +232,16 @@ class SparkModel(KerasFit):
         return ChannelSettings(self.cluster.timeout_s, parse_port_range(self.cluster.port_range))
 
     # Evaluation and inference (sparkdl.spark.inference) -------------------------------
+
+    def model_file(self, data_uri: str | None = None) -> ModelRef:
+        """The file every executor loads the model from (:mod:`sparkdl.training.model_files`):
+        rank 0's after a fit while the model is unchanged, else the model written now into
+        the store (:func:`sparkdl.spark.model_store.inference_model_file`; ``data_uri``: the
+        shards at hand, whose directory serves on a cluster without a store; with none,
+        Spark distributes the file)."""
+        from sparkdl.spark.model_store import inference_model_file
+
+        return inference_model_file(self.spark, self.model, self.store, data_uri)
 
     def evaluate(
         self,
@@ -248,8 +275,8 @@ class SparkModel(KerasFit):
         from sparkdl.spark import inference
 
         if is_dataframe(data):
-            data = self._shards_of(data, features_col, label_col, None, store, keep_shards,
-                                   what="evaluate()")
+            data = self._shards_of(data, features_col, label_col, None, store or self.store,
+                                   keep_shards, what="evaluate()")
         return inference.evaluate(self, data, batch_size, evaluations=evaluations)
 
     def predict(

@@ -149,7 +149,7 @@ def _train(
         elastic = ElasticPolicy(training.elastic.min_workers, training.elastic.max_failures)
     spark_model = SparkModel(
         spark, model, master_from_training_config(training, model), cluster=config.cluster,
-        elastic=elastic,
+        elastic=elastic, store=training.store,
     )
     callbacks = []
     if training.tensorboard_dir:
@@ -194,7 +194,7 @@ def run_evaluate(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
         model = keras.models.load_model(_trained_model(out))
         spark_model = SparkModel(
             spark, model, master_from_training_config(config.training, model),
-            cluster=config.cluster
+            cluster=config.cluster, store=config.training.store,
         )
         per_output = evaluate_configured(spark_model, test_uri, config)
         for name, evaluations in per_output.items():
@@ -275,7 +275,7 @@ def run_predict(config: JobConfig, spark: SparkSession) -> dict[str, Any]:
         model = keras.models.load_model(_trained_model(out))
         spark_model = SparkModel(
             spark, model, master_from_training_config(config.training, model),
-            cluster=config.cluster
+            cluster=config.cluster, store=config.training.store,
         )
         predictions = spark_model.predict(test_uri).drop("features")
         marker = json.dumps({"test_data": test_uri}) + "\n"

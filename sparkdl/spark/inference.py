@@ -2,8 +2,9 @@
 DataFrame operations only (``mapInPandas``, a pandas UDF), so classic Spark and Spark Connect
 run them alike.
 
-The model travels inside the function Spark ships to the executors (cloudpickle; Spark sends
-one copy per stage), with the driver's S3 settings; each Python worker loads it once.
+The model travels through storage (:mod:`sparkdl.training.model_files`): the function Spark
+ships to the executors carries its file's URI and checksum, and the driver's S3 settings;
+each Python worker loads it once.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sparkdl.spark.predict_multi import (
     predict_multi,
 )
 from sparkdl.spark.task_model import load_task_model
+from sparkdl.spark.task_size import check_task_size
 from sparkdl.storage import apply_environment, s3_environment, spark_uri
 from sparkdl.training.model_check import check_model_fits_shards
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from sparkdl.data.frames import FeaturesCol
     from sparkdl.etl.normalizers import Normalizer
     from sparkdl.spark.task_model import FittedModel
+    from sparkdl.training.model_files import ModelRef
 
 
 def evaluate(
@@ -47,7 +50,6 @@ def evaluate(
     """Evaluate ``spark_model``'s model on the shard directory ``data``, on the executors, in
     one pass (:meth:`sparkdl.SparkModel.evaluate` says what ``evaluations`` may be)."""
     from sparkdl.session import default_parallelism, task_cpus
-    from sparkdl.training.serialization import model_to_bytes
 
     if not isinstance(data, str):
         raise ConfigurationError(
@@ -59,7 +61,7 @@ def evaluate(
     check_model_fits_shards(spark_model.model, metadata, data_uri, training=False)
     plan = evaluation_plan(metadata, evaluations)
     templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
-    model_bytes = model_to_bytes(spark_model.model)
+    model_file = spark_model.model_file(data_uri)
     spark = spark_model.spark
     threads, custom_objects, environment = task_cpus(spark), spark_model.custom_objects, \
         s3_environment()
@@ -75,7 +77,7 @@ def evaluate(
         parts = {key: [evaluation_from_dict(d) for d in values]
                  for key, values in templates.items()}
         if paths:
-            model = load_task_model(model_bytes, custom_objects, threads)
+            model = load_task_model(model_file, custom_objects, threads)
             for x, y, *_ in iter_batches(data_uri, paths, batch_size):  # rows unweighted
                 outputs = by_output(model, model.predict_on_batch(x), y)
                 for key, values in parts.items():
@@ -84,6 +86,7 @@ def evaluate(
         result = {key: [e.to_dict() for e in values] for key, values in parts.items()}
         yield pd.DataFrame({"result": [pickle.dumps(result)]})
 
+    check_task_size(spark, "evaluate()", evaluate_partition, custom_objects)
     files = [f.path for f in metadata.files]
     partitions = max(1, min(len(files), default_parallelism(spark)))
     paths = spark.createDataFrame([(path,) for path in files], "path string")
@@ -144,6 +147,7 @@ def predict(
 
     model = spark_model.model
     norm_config = normalizer_config(normalizer)
+    model_file = spark_model.model_file(data if isinstance(data, str) else None)
     if isinstance(data, str):
         metadata = read_metadata(data)
         check_model_fits_shards(model, metadata, data, training=False)
@@ -153,7 +157,7 @@ def predict(
             return predict_multi(
                 spark_model, df, [(t.name, F.col(t.name), t.shape) for t in metadata.inputs],
                 output_kinds(model, label_kind, metadata), batch_size, prediction_col,
-                probability_col)
+                probability_col, model_file=model_file)
         feature_shape = metadata.feature_shape
         kind = label_kind or metadata.label_kind
         features = features_column(df, "features")  # the shards' rows were checked when written
@@ -161,7 +165,7 @@ def predict(
         _no_normalizer(norm_config)
         return predict_multi(spark_model, data, dataframe_inputs(data, model, features_col),
                              output_kinds(model, label_kind, None), batch_size, prediction_col,
-                             probability_col)
+                             probability_col, model_file=model_file)
     elif is_dataframe(data):
         if isinstance(features_col, Mapping):
             raise ConfigurationError("predict(): features_col as a dict by input name is for "
@@ -184,7 +188,7 @@ def predict(
         if name in df.columns:
             raise DataError(f"predict(): the DataFrame already has a column {name!r}; "
                             "choose another output column name")
-    udf = scores_udf(spark_model, feature_shape, batch_size, norm_config)
+    udf = scores_udf(spark_model, feature_shape, batch_size, norm_config, model_file)
     inputs, scores = "__sparkdl_inputs", F.col("__sparkdl_scores")
     out = (df.withColumn(inputs, features)
            .withColumn("__sparkdl_scores", udf(F.col(inputs))))
@@ -213,25 +217,25 @@ def _no_normalizer(norm_config: dict[str, Any] | None) -> None:
 
 def scores_udf(
     spark_model: FittedModel, feature_shape: Sequence[int], batch_size: int,
-    norm_config: dict[str, Any] | None,
+    norm_config: dict[str, Any] | None, model_file: ModelRef | None = None,
 ) -> Any:
-    """A pandas UDF: ``array<float>`` features → the model's output vector, on executors."""
+    """A pandas UDF: ``array<float>`` features → the model's output vector, on executors
+    (``model_file``: the model's file, by default :meth:`FittedModel.model_file`)."""
     import numpy as np
     import pandas as pd
     from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
 
     from sparkdl.etl.normalizers import normalizer_from_config
     from sparkdl.session import task_cpus
-    from sparkdl.training.serialization import model_to_bytes
 
-    model_bytes = model_to_bytes(spark_model.model)
+    model_file = model_file or spark_model.model_file()
     threads, custom_objects = task_cpus(spark_model.spark), spark_model.custom_objects
     environment = s3_environment()
     shape = [int(d) for d in feature_shape]
 
     def predict_scores(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
         apply_environment(environment)
-        model = load_task_model(model_bytes, custom_objects, threads)
+        model = load_task_model(model_file, custom_objects, threads)
         norm = normalizer_from_config(norm_config) if norm_config else None
         for features in batches:
             if len(features) == 0:
@@ -247,6 +251,7 @@ def scores_udf(
                 outputs.extend(y.reshape(len(part), -1).astype(np.float32))
             yield pd.Series(outputs, index=features.index)
 
+    check_task_size(spark_model.spark, "predict()", predict_scores, custom_objects)
     with warnings.catch_warnings():  # the hints would be strings here (future annotations)
         warnings.simplefilter("ignore", UserWarning)
         udf = pandas_udf(predict_scores, "array<float>", PandasUDFType.SCALAR_ITER)

@@ -24,6 +24,7 @@ from sparkdl import session
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.spark.attempts import AttemptLog, short, stage_error
 from sparkdl.spark.task import RESULT_SCHEMA, training_function
+from sparkdl.spark.task_size import check_task_size
 from sparkdl.training.elastic import ElasticEvent, ElasticPolicy
 from sparkdl.training.worker.run_worker import replan
 
@@ -51,8 +52,11 @@ class SparkLauncher:
         elastic: ElasticPolicy | None = None,
         task_cpus: int | None = None,
         task_gpus: float | None = None,
+        store: str | None = None,
     ) -> None:
+        """``store``: where the model travels through (:mod:`sparkdl.spark.model_store`)."""
         self.spark = spark
+        self.store = store
         self.cluster = cluster
         self.mode = mode
         self.elastic = elastic
@@ -72,6 +76,12 @@ class SparkLauncher:
                       else session.conf_get(spark, "spark.driver.host") or socket.gethostname())
             self.driver_host = select_bind_address(cluster.network_mask, driver)
             self.bind_host = "0.0.0.0"
+
+    def model_dir(self, data_uri: str, checkpoint_dir: str | None) -> str:
+        from sparkdl.spark.model_store import model_dir
+
+        return model_dir(self.spark, store=self.store, checkpoint_dir=checkpoint_dir,
+                         data_uri=data_uri)
 
     # Slots ------------------------------------------------------------------------------
 
@@ -238,6 +248,7 @@ class SparkLauncher:
         # by value (cloudpickle): a custom layer a script or notebook defined in __main__
         # exists on no executor until it arrives
         spec_bytes: bytes = CloudPickleSerializer().dumps(spec)  # type: ignore[no-untyped-call]
+        check_task_size(self.spark, "fit()", spec_bytes, spec.custom_objects)
         num_workers = len(spec.slices)
         attempts = AttemptLog.create(spec.checkpoint.uri if spec.checkpoint else None)
         train = training_function(spec_bytes, self.cluster, secret, attempts.uri)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.spark.task_model import FittedModel
+    from sparkdl.training.model_files import ModelRef
 
 
 def is_multi_model(model: Any) -> bool:
@@ -128,6 +129,8 @@ def predict_multi(
     batch_size: int,
     prediction_col: str,
     probability_col: str,
+    *,
+    model_file: ModelRef,
 ) -> DataFrame:
     """``df`` with one prediction column (and a probability column for a class output) per
     model output; ``inputs`` as :func:`dataframe_inputs` returns them."""
@@ -144,7 +147,8 @@ def predict_multi(
         if column in df.columns:
             raise DataError(f"predict(): the DataFrame already has a column {column!r}; "
                             "choose other prediction_col / probability_col names")
-    udf = _scores_udf(spark_model, [(n, s) for n, _, s in inputs], names, batch_size)
+    udf = _scores_udf(spark_model, [(n, s) for n, _, s in inputs], names, batch_size,
+                      model_file)
     scores = "__sparkdl_scores"
     out = df.withColumn(scores, udf(*[column for _, column, _ in inputs]))
     for i, (name, kind) in enumerate(kinds.items()):
@@ -173,27 +177,26 @@ def _width(tensor: Any) -> int:
 
 def _scores_udf(
     spark_model: FittedModel, inputs: list[tuple[str, list[int]]], outputs: list[str],
-    batch_size: int,
+    batch_size: int, model_file: ModelRef,
 ) -> Any:
     """A pandas UDF: one ``array<float>`` column per input → a struct of the outputs' values
-    (fields ``o0``, ``o1``, ... in output order)."""
+    (fields ``o0``, ``o1``, ... in output order), with the model of ``model_file``."""
     import numpy as np
     import pandas as pd
     from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
 
     from sparkdl.session import task_cpus
     from sparkdl.spark.task_model import load_task_model
+    from sparkdl.spark.task_size import check_task_size
     from sparkdl.storage import apply_environment, s3_environment
-    from sparkdl.training.serialization import model_to_bytes
 
-    model_bytes = model_to_bytes(spark_model.model)
     threads, custom_objects = task_cpus(spark_model.spark), spark_model.custom_objects
     environment = s3_environment()
     fields = [f"o{i}" for i in range(len(outputs))]
 
     def predict_scores(batches: Iterator[tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
         apply_environment(environment)
-        model = load_task_model(model_bytes, custom_objects, threads)
+        model = load_task_model(model_file, custom_objects, threads)
         for columns in batches:
             rows = len(columns[0])
             values: list[list[np.ndarray]] = [[] for _ in outputs]
@@ -211,6 +214,7 @@ def _scores_udf(
             yield pd.DataFrame({field: pd.Series(v, dtype=object, index=columns[0].index)
                                 for field, v in zip(fields, values, strict=True)})
 
+    check_task_size(spark_model.spark, "predict()", predict_scores, custom_objects)
     schema = ", ".join(f"{field}: array<float>" for field in fields)
     with warnings.catch_warnings():  # the hints would be strings here (future annotations)
         warnings.simplefilter("ignore", UserWarning)

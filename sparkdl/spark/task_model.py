@@ -1,5 +1,5 @@
 """The model on an executor: what evaluation and inference read of a fitted model, and its
-loading, once per Python worker."""
+loading from its file (:mod:`sparkdl.training.model_files`), once per Python worker."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from sparkdl.data.frames import LabelSpec
+    from sparkdl.training.model_files import ModelRef
 
-_TASK_MODELS: dict[int, Any] = {}
+_TASK_MODELS: dict[str, Any] = {}
 
 
 class FittedModel(Protocol):
@@ -30,18 +31,23 @@ class FittedModel(Protocol):
     @property
     def label_spec(self) -> LabelSpec | None: ...
 
+    def model_file(self, data_uri: str | None = None) -> ModelRef:
+        """The model's file, every executor reads it (:mod:`sparkdl.training.model_files`);
+        ``data_uri``: the shards evaluated, whose directory may hold it."""
 
-def load_task_model(model_bytes: bytes, custom_objects: Any, threads: int) -> Any:
-    """Load the shipped model once per Python worker process."""
+
+def load_task_model(ref: ModelRef, custom_objects: Any, threads: int) -> Any:
+    """Load the model of ``ref``'s file once per Python worker process (the last one stays
+    loaded: a worker that serves another model's tasks loads that one instead)."""
     from sparkdl.gpu import pin_gpus, task_gpu_addresses
 
     pin_gpus(task_gpu_addresses(), role="model")  # before anything imports TensorFlow
-    from sparkdl.training.serialization import model_from_bytes
+    from sparkdl.spark.model_store import local_model_file
+    from sparkdl.training.model_files import load_model
     from sparkdl.training.worker.run_worker import configure_tensorflow
 
-    key = hash(model_bytes)
-    if key not in _TASK_MODELS:
+    if ref.sha256 not in _TASK_MODELS:
         configure_tensorflow(threads)
         _TASK_MODELS.clear()
-        _TASK_MODELS[key] = model_from_bytes(model_bytes, custom_objects)
-    return _TASK_MODELS[key]
+        _TASK_MODELS[ref.sha256] = load_model(local_model_file(ref), custom_objects)
+    return _TASK_MODELS[ref.sha256]

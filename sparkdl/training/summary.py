@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from sparkdl.training.masters import TrainingMaster
+from sparkdl.training.model_files import ModelRef
 from sparkdl.training.worker.loop import LoopResult
 
 
@@ -24,7 +25,7 @@ class WorkerResult:
     timeline: str | None = None  # URI of this rank's Chrome trace
     cpus: list[int] | None = None  # the cores it was pinned to (sparkdl.cpus); None: not pinned
     topology: str | None = None  # its communicator's (Communicator.topology); None: not known
-    model_bytes: bytes | None = field(default=None, repr=False)  # rank 0 only
+    model: ModelRef | None = None  # rank 0 only: the trained model's file
 
 
 @dataclass

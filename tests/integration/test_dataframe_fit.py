@@ -20,9 +20,13 @@ def iris(spark):
 
 
 def _store_entries(store):
+    """The store's shard entries (not its leases, nor the model files of its fits)."""
     from pathlib import Path
 
-    return sorted(p.name for p in Path(store).iterdir() if not p.name.startswith("."))
+    from sparkdl.training.model_files import MODELS_DIR
+
+    return sorted(p.name for p in Path(store).iterdir()
+                  if not p.name.startswith(".") and p.name != MODELS_DIR)
 
 
 def test_fit_on_columns_with_string_labels_reuses_its_shards(spark, iris, tmp_path):

@@ -155,3 +155,67 @@ def test_more_workers_than_slots_is_refused_before_launch(spark, digits_shards, 
     spark_model = SparkModel(spark, model_for(digits_shards["train"]), tm)
     with pytest.raises(ConfigurationError, match=r"num_workers=3 but Spark has only 2 task slots"):
         spark_model.fit(digits_shards["train"], epochs=1)
+
+
+def test_the_model_travels_as_a_file_never_in_a_task_or_a_result_row(
+    spark, digits_shards, tmp_path
+):
+    """A 5.8 MB model (weights and Adam's slots): the tasks carry its file's reference, rank
+    0's result row the trained model's; the model to train is deleted once the fit is over;
+    evaluate and predict read rank 0's file while the model is unchanged, and write the
+    model again once it changed."""
+    import pickle
+
+    import keras
+    import numpy as np
+
+    from sparkdl.models import mlp
+    from sparkdl.training.model_files import MODELS_DIR, load_model
+
+    meta = read_metadata(digits_shards["train"])
+    keras.utils.set_random_seed(3)
+    net = mlp(tuple(meta.feature_shape), meta.num_classes, hidden=(2048, 640))
+    net.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    store = tmp_path / "store"
+    tm = DenseTrainingMaster(batch_size_per_worker=64, num_workers=2)
+    spark_model = SparkModel(spark, net, tm, store=str(store))
+    fit = spark_model.fit(digits_shards["train"], epochs=1, verbose=0)
+
+    row_bytes = [len(pickle.dumps(worker)) for worker in fit.workers]  # a row's content
+    assert max(row_bytes) < 64 << 10, row_bytes
+    assert fit.model_file.size > 5_000_000 and fit.workers[0].model == fit.model_file
+    models = store / MODELS_DIR
+    assert sorted(p.name for p in models.iterdir()) == [f"{fit.model_file.sha256}.keras"]
+    for ours, theirs in zip(spark_model.model.weights, load_model(fit.model_file).weights,
+                            strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+    assert spark_model.evaluate(digits_shards["test"]).accuracy() > 0.5
+    assert len(list(models.iterdir())) == 1  # rank 0's file served
+    kernel = spark_model.model.layers[-1].kernel
+    kernel.assign(kernel.numpy() * 0.5)
+    assert spark_model.predict(digits_shards["test"]).count() == digits_shards["test_rows"]
+    assert len(list(models.iterdir())) == 2  # the changed model, written once
+
+
+def test_a_model_distributed_by_spark_loads_on_the_executors(spark, make_mlp):
+    """Where no storage is shared (a cluster, no store, a DataFrame to predict on), Spark
+    distributes the model's file itself: each task loads it from its local copy, checked."""
+    from sparkdl.spark.model_store import SPARK_FILES, distribute_model_file
+    from sparkdl.spark.task_model import load_task_model
+    from sparkdl.training.exchanges.variables import weights_checksum
+
+    model = make_mlp([6], 3)
+    ref = distribute_model_file(spark, model)
+    assert ref.uri.startswith(SPARK_FILES) and distribute_model_file(spark, model) == ref
+
+    def checksums(frames):
+        import pandas as pd
+
+        loaded = load_task_model(ref, None, 1)
+        for frame in frames:
+            yield pd.DataFrame({"sum": [weights_checksum(loaded.trainable_variables)]
+                                * len(frame)})
+
+    found = spark.range(0, 4, 1, 4).mapInPandas(checksums, "sum string").collect()
+    assert {row["sum"] for row in found} == {weights_checksum(model.trainable_variables)}

@@ -133,6 +133,11 @@ class _NeverLaunched:
     def check_slots(self, num_workers: int) -> None:
         pass
 
+    def model_dir(self, data_uri: str, checkpoint_dir: str | None) -> str:
+        from sparkdl.training.model_files import temporary_model_dir
+
+        return temporary_model_dir()
+
     def run(self, spec, secret):  # type: ignore[no-untyped-def]
         raise AssertionError("the fit launched its workers")
 

@@ -22,6 +22,7 @@ from sparkdl.training.elastic import (
     fold_states,
     resume_step,
 )
+from sparkdl.training.model_files import ModelRef
 from sparkdl.training.worker.run_worker import WorkerSpec, replan
 
 SIZE = 1000
@@ -94,7 +95,9 @@ def _spec(num_workers: int) -> WorkerSpec:
                          feature_dtype="float32", label_kind="class", classes=["a", "b"],
                          label_shape=[], num_rows=1200, files=files)
     config = {"mode": "dense", "num_workers": num_workers, "batch_size_per_worker": 10}
-    return replan(WorkerSpec(b"", config, "file:///x", meta.to_json(), [], 0, 3, 1), num_workers)
+    spec = WorkerSpec(ModelRef("file:///m.keras", "0" * 64, 1), "file:///models", config,
+                      "file:///x", meta.to_json(), [], 0, 3, 1)
+    return replan(spec, num_workers)
 
 
 def test_replanning_gives_the_survivors_all_the_row_groups():

@@ -128,10 +128,13 @@ class KerasFit:
             if isinstance(uri, str):
                 check_model_fits_shards(self.model, load_metadata(uri), uri)
         from sparkdl.training.driver.run_fit import run_fit
+        from sparkdl.training.model_files import adopt
 
         history, self.model = run_fit(
             self.model, self.training_master, self._launcher(), data, options,
             custom_objects=self.custom_objects, channel=self._channel_settings(),
         )
+        # evaluate and predict read the trained model from rank 0's file while it is unchanged
+        adopt(history.model_file, self.model)
         self.last_fit = history
         return history

@@ -32,6 +32,10 @@ class Launcher(Protocol):
     def check_slots(self, num_workers: int) -> None:
         """Fail fast when there is no room for ``num_workers`` workers at once."""
 
+    def model_dir(self, data_uri: str, checkpoint_dir: str | None) -> str:
+        """Where the workers read the model to train and rank 0 writes the trained one
+        (storage every worker reaches; :mod:`sparkdl.training.model_files`)."""
+
     def run(self, spec: WorkerSpec, secret: bytes) -> list[WorkerResult]:
         """Run every worker to completion (blocking); raise on failure."""
 

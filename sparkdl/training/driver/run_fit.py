@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from sparkdl.comm.channel import Message
     from sparkdl.training.driver.events import DriverCallbacks
     from sparkdl.training.masters import TrainingMaster
+    from sparkdl.training.model_files import ModelRef
     from sparkdl.training.summary import FitMetrics
     from sparkdl.training.worker.run_worker import CheckpointSpec, ValidationSpec, WorkerSpec
 
@@ -45,6 +46,7 @@ class FitResult(keras.callbacks.History):
     worker's result."""
 
     metrics: FitMetrics
+    model_file: ModelRef  # the trained model's file (rank 0 wrote it)
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,7 +93,7 @@ def run_fit(
     from sparkdl.data.reader import rows_dropped_per_epoch, shuffle_mode
     from sparkdl.training.driver.events import DriverCallbacks, needs_weights
     from sparkdl.training.driver.progress import ProgressLogger, resolve_verbose
-    from sparkdl.training.serialization import model_from_bytes
+    from sparkdl.training.model_files import delete_model, load_model, write_model
     from sparkdl.training.weights import check_class_weight
     from sparkdl.training.worker.run_worker import EventsSpec, make_worker_spec
 
@@ -110,49 +112,55 @@ def run_fit(
     checkpoint = _checkpoint_spec(options)
     callbacks = list(options.callbacks or [])
     log_every = options.log_every_steps
-    spec = make_worker_spec(
-        model, master, data_uri, metadata, epochs=options.epochs,
-        custom_objects=custom_objects, threads=launcher.threads_per_worker,
-        shuffle=shuffle_mode(options.shuffle), checkpoint=checkpoint,
-        initial_epoch=options.initial_epoch,
-        validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
-        timeline=options.timeline, class_weight=class_weight,
-        accumulate_steps=options.accumulate_steps,
-    )
-    _check_schedule(model, master, options, spec.steps_per_epoch)
-    if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
-        log_every = max(1, spec.steps_per_epoch // 20) if verbose == 1 else 0
-    num_parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    dense = dense_bytes_per_step(num_parameters, master.num_workers)
-    if verbose:
-        callbacks.append(ProgressLogger(verbose, dense_bytes_per_step=dense))
-    history = FitResult()
-    params = {"verbose": verbose, "epochs": options.epochs, "steps": spec.steps_per_epoch}
-    driver = DriverCallbacks(model, callbacks, history, params)
-    channel = channel or ChannelSettings()
-    timeout_s = channel.timeout_s
-    secret = secrets.token_bytes(32)
-    log.info(
-        "fit: %s, %d workers x batch %d, %d steps/epoch, epochs %d-%d%s",
-        master.describe(), master.num_workers, master.batch_size_per_worker,
-        spec.steps_per_epoch,
-        options.initial_epoch, options.epochs - 1,
-        f", validation every {options.validation_freq} epoch(s)" if validation else "",
-    )
-    with ChannelServer(secret, bind_host=launcher.bind_host,
-                       advertise_host=launcher.driver_host, port_range=channel.port_range,
-                       timeout_s=timeout_s, max_blob=8 * num_parameters + (64 << 20)) as server:
-        spec.events = EventsSpec(server.address, log_every_steps=log_every,
-                                 send_weights=needs_weights(callbacks), timeout_s=timeout_s)
-        driver.train_begin()
-        started = time.perf_counter()
-        results = _run_with_events(launcher, spec, secret, server.inbox, driver)
-        wall = time.perf_counter() - started
+    model_dir = launcher.model_dir(data_uri, options.checkpoint_dir)
+    initial = write_model(model, model_dir)
+    try:
+        spec = make_worker_spec(
+            initial, model_dir, master, data_uri, metadata,
+            epochs=options.epochs,
+            custom_objects=custom_objects, threads=launcher.threads_per_worker,
+            shuffle=shuffle_mode(options.shuffle), checkpoint=checkpoint,
+            initial_epoch=options.initial_epoch,
+            validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
+            timeline=options.timeline, class_weight=class_weight,
+            accumulate_steps=options.accumulate_steps,
+        )
+        _check_schedule(model, master, options, spec.steps_per_epoch)
+        if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
+            log_every = max(1, spec.steps_per_epoch // 20) if verbose == 1 else 0
+        num_parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        dense = dense_bytes_per_step(num_parameters, master.num_workers)
+        if verbose:
+            callbacks.append(ProgressLogger(verbose, dense_bytes_per_step=dense))
+        history = FitResult()
+        params = {"verbose": verbose, "epochs": options.epochs, "steps": spec.steps_per_epoch}
+        driver = DriverCallbacks(model, callbacks, history, params)
+        channel = channel or ChannelSettings()
+        timeout_s = channel.timeout_s
+        secret = secrets.token_bytes(32)
+        log.info(
+            "fit: %s, %d workers x batch %d, %d steps/epoch, epochs %d-%d%s",
+            master.describe(), master.num_workers, master.batch_size_per_worker,
+            spec.steps_per_epoch,
+            options.initial_epoch, options.epochs - 1,
+            f", validation every {options.validation_freq} epoch(s)" if validation else "",
+        )
+        with ChannelServer(secret, bind_host=launcher.bind_host,
+                           advertise_host=launcher.driver_host, port_range=channel.port_range,
+                           timeout_s=timeout_s, max_blob=8 * num_parameters + (64 << 20)) as server:
+            spec.events = EventsSpec(server.address, log_every_steps=log_every,
+                                     send_weights=needs_weights(callbacks), timeout_s=timeout_s)
+            driver.train_begin()
+            started = time.perf_counter()
+            results = _run_with_events(launcher, spec, secret, server.inbox, driver)
+            wall = time.perf_counter() - started
+    finally:
+        delete_model(initial)  # the model to train: every attempt is over
     results.sort(key=lambda r: r.rank)
-    assert results[0].model_bytes is not None  # rank 0 returns the model
-    final = model_from_bytes(results[0].model_bytes, custom_objects)
-    for result in results:
-        result.model_bytes = None
+    trained = results[0].model
+    assert trained is not None  # rank 0 returns the model's file
+    final = load_model(trained, custom_objects)
+    history.model_file = trained
     steps_per_epoch = spec.steps_per_epoch
     if len(results) != len(spec.slices):  # an elastic fit ended with another world size
         from sparkdl.training.worker.run_worker import replan

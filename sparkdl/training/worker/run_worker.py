@@ -24,12 +24,12 @@ from sparkdl.training.summary import WorkerResult
 from sparkdl.training.worker.loop import CallbackList, TrainingLoop, WorkerCallback
 
 if TYPE_CHECKING:
-    import keras
 
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import WorkerSlice
     from sparkdl.training.exchanges.exchange import StepResult, UpdateExchange
     from sparkdl.training.masters import TrainingMaster
+    from sparkdl.training.model_files import ModelRef
     from sparkdl.training.worker.checkpoint import (
         Checkpoint,
         CheckpointPolicy,
@@ -76,9 +76,11 @@ class CheckpointSpec:
 
 @dataclass
 class WorkerSpec:
-    """Everything a worker needs, as plain picklable data."""
+    """Everything a worker needs, as plain picklable data (small: the model travels as a
+    file, :mod:`sparkdl.training.model_files`)."""
 
-    model_bytes: bytes
+    model: ModelRef  # the model to train
+    model_dir: str  # where rank 0 writes the trained model
     master_config: dict[str, object]  # TrainingMaster.get_config(); see :attr:`master`
     data_uri: str
     metadata_json: str
@@ -123,7 +125,8 @@ def replan(spec: WorkerSpec, world: int) -> WorkerSpec:
 
 
 def make_worker_spec(
-    model: keras.Model,
+    model: ModelRef,
+    model_dir: str,
     master: TrainingMaster,
     data_uri: str,
     metadata: ShardMetadata,
@@ -141,12 +144,12 @@ def make_worker_spec(
     class_weight: dict[int, float] | None = None,
     accumulate_steps: int = 1,
 ) -> WorkerSpec:
-    """Plan every worker's slice of the shards and package the model for the workers."""
+    """Plan every worker's slice of the shards; ``model`` is the model's file, ``model_dir``
+    where rank 0 writes the trained one."""
     import secrets
 
     from sparkdl.data.reader import plan_slices
     from sparkdl.errors import DataError
-    from sparkdl.training.serialization import model_to_bytes
 
     try:
         slices, steps_per_epoch = plan_slices(
@@ -155,7 +158,8 @@ def make_worker_spec(
     except DataError as exc:
         raise DataError(f"{data_uri}: {exc}") from None
     return WorkerSpec(
-        model_bytes=model_to_bytes(model),
+        model=model,
+        model_dir=model_dir,
         master_config=master.get_config(),
         data_uri=data_uri,
         metadata_json=metadata.to_json(),
@@ -338,7 +342,8 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import ShardReader, global_shuffle, rows_dropped_per_epoch
     from sparkdl.training.exchanges.variables import weights_checksum
-    from sparkdl.training.serialization import model_from_bytes, model_to_bytes
+    from sparkdl.training.model_files import read_model_bytes, write_model
+    from sparkdl.training.serialization import model_from_bytes
     from sparkdl.training.worker.checkpoint import CheckpointStore, TrainingState
 
     master = spec.master
@@ -355,7 +360,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
     keras.utils.set_random_seed((master.seed + comm.rank + 7919 * start.global_step) % 2**32)
     model = model_from_bytes(
-        resumed.model_bytes if resumed else spec.model_bytes, spec.custom_objects
+        resumed.model_bytes if resumed else read_model_bytes(spec.model), spec.custom_objects
     )
     if resumed:
         log.warning(
@@ -423,7 +428,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         trained_steps=loop.steps - global_step_at_start,
         started_at=started_at,
         resumed_from=resumed.path if resumed else None,
-        model_bytes=model_to_bytes(model) if comm.rank == 0 else None,
+        model=write_model(model, spec.model_dir) if comm.rank == 0 else None,
     )
 
 
