@@ -23,6 +23,7 @@ SUITES = {
     "scaling-model": "benchmarks.scaling_model",
     "overlap": "benchmarks.overlap",
     "iteration": "benchmarks.iteration",
+    "model-size": "benchmarks.model_size",
     "workers": "benchmarks.workers",
 }
 
@@ -56,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--harness", action="store_true",
                         help="workers: fit through Spark on the network-namespace harness "
                         "(ranks // 2 hosts x 2 workers, 1 Gbit/s links; needs root)")
+    parser.add_argument("--models", help="model-size: the models, comma-separated "
+                        "(tiny,resnet50,mlp-40m,bert-base)")
+    parser.add_argument("--modes", help="model-size: the modes, comma-separated "
+                        "(dense,dense-bf16,sharing,powersgd,averaging)")
     args = parser.parse_args(argv)
     try:
         module = import_module(SUITES[args.suite])
@@ -65,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats,
                "cpu_only": args.cpu_only or None, "mesh": args.mesh or None,
-               "ranks": args.ranks, "png": args.png, "harness": args.harness or None}
+               "ranks": args.ranks, "png": args.png, "harness": args.harness or None,
+               "models": args.models, "modes": args.modes}
     figures = module.run({key: value for key, value in options.items() if value is not None})
     figures = {
         "suite": args.suite,

@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 from _log_capture import sparkdl_log
 
+#: The Connect server's message limit in these cases (its default is 128 MiB).
+MESSAGE_LIMIT = 4 << 20
+
 
 @pytest.fixture(scope="module")
 def connect() -> Iterator[object]:
@@ -26,6 +29,9 @@ def connect() -> Iterator[object]:
 
     session = (SparkSession.builder.remote("local[2]")
                .config("spark.connect.grpc.binding.port", "0")
+               # deliberately low: a plan carrying a model would be refused (see
+               # test_a_model_larger_than_a_connect_message_trains_and_predicts)
+               .config("spark.connect.grpc.maxInboundMessageSize", str(MESSAGE_LIMIT))
                .config("spark.stage.maxConsecutiveAttempts", "2")
                .config("spark.sql.shuffle.partitions", "4").getOrCreate())
     from sparkdl.session import is_connect
@@ -240,3 +246,55 @@ def test_a_sharing_fit_keeps_replicas_identical_and_reports_failures_and_slots(c
     assert "TrainingError" in error and "attempt 1, rank" in error, error  # 2 stage attempts
     with pytest.raises(ConfigurationError, match="num_workers=3 but Spark has only 2"):
         SparkModel(connect, _mlp(), SharedTrainingMaster(num_workers=3)).fit(digits["train"])
+
+
+def test_a_model_larger_than_a_connect_message_trains_and_predicts(connect, digits, tmp_path):
+    """A 5.8 MB model on a server taking 4 MiB messages: the model travels through storage
+    (the plans and result rows carry its URI), in fit, evaluate and predict."""
+    import keras
+
+    from sparkdl import DenseTrainingMaster, SparkModel
+    from sparkdl.models import mlp
+    from sparkdl.training.serialization import model_to_bytes
+
+    keras.utils.set_random_seed(3)
+    net = mlp((8, 8, 1), 10, hidden=(2048, 640))
+    net.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                metrics=["accuracy"])
+    assert len(model_to_bytes(net)) > MESSAGE_LIMIT
+    spark_model = SparkModel(connect, net, DenseTrainingMaster(num_workers=2,
+                                                               batch_size_per_worker=64))
+    fit = spark_model.fit(digits["train"], epochs=1, verbose=0)
+    assert fit.workers[0].checksum == fit.workers[1].checksum
+    assert spark_model.evaluate(digits["test"]).accuracy() > 0.5
+    rows = spark_model.predict(digits["test"]).select("prediction").limit(5).collect()
+    assert len(rows) == 5
+
+
+def test_a_custom_object_too_large_for_a_plan_is_one_error_before_any_task(connect, digits):
+    """A loss closing over an 8 MB array: its task function would not fit the server's 4 MiB
+    message. One error names the size, the largest custom object, the limit and the setting,
+    before any task runs, and the server goes on serving."""
+    import keras
+
+    from sparkdl import DenseTrainingMaster, SparkModel
+    from sparkdl.errors import ConfigurationError
+
+    table = np.ones(2_000_000, np.float32)
+
+    def heavy_loss(y_true, y_pred):
+        loss = keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+        return loss * float(table[0])
+
+    model = _mlp()
+    model.compile(optimizer="adam", loss=heavy_loss)
+    spark_model = SparkModel(connect, model, DenseTrainingMaster(num_workers=2),
+                             custom_objects={"heavy_loss": heavy_loss})
+    pattern = (r"the task function Spark Connect would ship is 7\.\d MiB, more than 2\.0 MiB "
+               r".*maxInboundMessageSize=4\.0 MiB\); the largest part is "
+               r"custom_objects\['heavy_loss'\], 7\.\d MiB")
+    with pytest.raises(ConfigurationError, match=r"fit\(\): " + pattern):
+        spark_model.fit(digits["train"], epochs=1, verbose=0)
+    with pytest.raises(ConfigurationError, match=r"evaluate\(\): " + pattern):
+        spark_model.evaluate(digits["test"])
+    assert connect.range(3).count() == 3

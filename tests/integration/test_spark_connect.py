@@ -93,3 +93,11 @@ def test_every_connect_case_is_reported_here(outcomes):
 
 def test_a_sharing_fit_on_spark_connect_reports_failures_and_checks_slots(outcomes):
     _check(outcomes, "test_a_sharing_fit_keeps_replicas_identical_and_reports_failures_and_slots")
+
+
+def test_a_model_larger_than_a_connect_message_travels_through_storage(outcomes):
+    _check(outcomes, "test_a_model_larger_than_a_connect_message_trains_and_predicts")
+
+
+def test_a_task_too_large_for_a_connect_plan_is_one_error(outcomes):
+    _check(outcomes, "test_a_custom_object_too_large_for_a_plan_is_one_error_before_any_task")

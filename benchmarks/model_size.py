@@ -1,0 +1,304 @@
+"""Models of real size: step time, bytes per step, time to the first step and the peak memory
+of every process, per model size and training mode, 2 workers on ``local[2]``.
+
+Each cell is a fresh job process (``python -m benchmarks.model_size --cell MODEL MODE OUT``)
+with ``spark.driver.memory=1g``; this process samples the resident memory (``VmRSS`` in
+``/proc/PID/status``, every 0.2 s) of the job's whole process tree: the driver (the job's
+Python process), the JVM, and each Python worker the JVM started (the training tasks). The
+*state* is the model's weights and optimizer slots (Adam: 3 × the weights). Each process's
+*growth* is its peak above the same process's peak in the ``tiny`` cell of the same mode
+(Python, Spark and TensorFlow loaded, a 17k-parameter model): the memory the model's size
+costs. The targets: growth at most 3 × the state for a worker, 2 × for the driver.
+
+Models (``weights=None``; shapes small enough for 2 cores):
+
+* ``tiny``: the digits MLP (64 → 128 → 64 → 10), the baseline;
+* ``resnet50``: ``keras.applications.ResNet50`` on 32 × 32 × 3 inputs, 10 classes (23.6M);
+* ``mlp-40m``: an MLP 64 → 4096 → 4096 → 4096 → 2048 → 10 (42M);
+* ``bert-base``: a BERT-base-size Transformer encoder (vocabulary 30,522, 12 layers of width
+  768, 12 heads, feed-forward 3,072; sequences of 16 tokens) with a classification head
+  (109M).
+
+``time to first step`` runs from the ``fit`` call to the driver's event of the first step's
+end (writing the model, starting the tasks, loading the model, tracing the step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report import print_table
+
+MODELS = ("tiny", "resnet50", "mlp-40m", "bert-base")
+MODES = ("dense", "dense-bf16", "sharing", "powersgd", "averaging")
+#: Per-worker batch of each model (small: the figures are of the exchange and the memory).
+BATCH = {"tiny": 32, "resnet50": 8, "mlp-40m": 32, "bert-base": 4}
+STEPS_PER_EPOCH = 3
+EPOCHS = 2  # the second epoch's steps are the steady ones
+WORKERS = 2
+
+
+def build_model(name: str) -> tuple[Any, list[int]]:
+    """The compiled Keras model ``name`` (Adam) and its feature shape."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    if name == "tiny":
+        from sparkdl.models import mlp
+
+        model, shape = mlp((64,), 10), [64]
+    elif name == "mlp-40m":
+        from sparkdl.models import mlp
+
+        model, shape = mlp((64,), 10, hidden=(4096, 4096, 4096, 2048)), [64]
+    elif name == "resnet50":
+        model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
+        shape = [32, 32, 3]
+    elif name == "bert-base":
+        model, shape = _encoder(vocabulary=30522, length=16, width=768, layers=12, heads=12,
+                                hidden=3072), [16]
+    else:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy")
+    return model, shape
+
+
+def _encoder(vocabulary: int, length: int, width: int, layers: int, heads: int,
+             hidden: int) -> Any:
+    import keras
+    from keras import layers as kl
+
+    tokens = keras.Input((length,))
+    x = kl.Embedding(vocabulary, width)(tokens)  # float ids: Embedding casts them
+    x = x + kl.Embedding(length, width)(keras.ops.arange(length))
+    x = kl.LayerNormalization()(x)
+    for _ in range(layers):
+        attended = kl.MultiHeadAttention(heads, width // heads)(x, x)
+        x = kl.LayerNormalization()(x + attended)
+        forward = kl.Dense(width)(kl.Dense(hidden, activation="gelu")(x))
+        x = kl.LayerNormalization()(x + forward)
+    pooled = kl.Dense(width, activation="tanh")(x[:, 0])
+    return keras.Model(tokens, kl.Dense(10, activation="softmax")(pooled))
+
+
+def master_for(mode: str, batch: int) -> Any:
+    from sparkdl.compression.powersgd import PowerSGDCompressorConfig
+    from sparkdl.training.masters import (
+        DenseTrainingMaster,
+        ParameterAveragingTrainingMaster,
+        SharedTrainingMaster,
+    )
+
+    common = {"batch_size_per_worker": batch, "num_workers": WORKERS}
+    if mode == "dense":
+        return DenseTrainingMaster(**common)
+    if mode == "dense-bf16":
+        return DenseTrainingMaster(**common, wire_dtype="bfloat16")
+    if mode == "sharing":
+        return SharedTrainingMaster(**common)
+    if mode == "powersgd":
+        return SharedTrainingMaster(**common, compressor=PowerSGDCompressorConfig(rank=4))
+    if mode == "averaging":
+        return ParameterAveragingTrainingMaster(**common, averaging_frequency=2)
+    raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+
+
+# One cell, in its own process ---------------------------------------------------------------
+
+
+def run_cell(model_name: str, mode: str, out: str) -> None:
+    """Fit ``model_name`` in ``mode`` for a few steps and write the figures to ``out``."""
+    import keras
+    import numpy as np
+    import pandas as pd
+
+    from sparkdl.config import ClusterConfig
+    from sparkdl.data.writer import write_shards
+    from sparkdl.session import get_spark
+    from sparkdl.spark_model import SparkModel
+
+    spark = get_spark(ClusterConfig(spark_conf={"spark.driver.memory": "1g"}))
+    model, shape = build_model(model_name)
+    batch = BATCH[model_name]
+    rows = WORKERS * batch * STEPS_PER_EPOCH
+    rng = np.random.default_rng(0)
+    high = 30522 if model_name == "bert-base" else 1
+    x = (rng.integers(0, high, (rows, *shape)) if high > 1
+         else rng.normal(0, 1, (rows, *shape))).astype(np.float32)
+    y = rng.integers(0, 10, rows)
+    with tempfile.TemporaryDirectory(prefix="sparkdl-bench-size-") as workdir:
+        uri = f"file://{workdir}/shards"
+        frame = pd.DataFrame({"features": list(x.reshape(rows, -1)), "label": y})
+        write_shards(spark.createDataFrame(frame), uri, feature_shape=shape,
+                     classes=[str(i) for i in range(10)], num_files=WORKERS,
+                     rows_per_group=batch)
+        first: list[float] = []
+
+        class FirstStep(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if not first:
+                    first.append(time.perf_counter())
+
+        parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        started = time.perf_counter()
+        fit = SparkModel(spark, model, master_for(mode, batch)).fit(
+            uri, epochs=EPOCHS, verbose=0, log_every_steps=1, callbacks=[FirstStep()])
+        wall = time.perf_counter() - started
+    metrics = fit.metrics
+    steady = metrics.steady_samples_per_second
+    Path(out).write_text(json.dumps({
+        "parameters": parameters,
+        "state_bytes": 4 * parameters * 3,  # weights + Adam's two slots
+        "step_s": WORKERS * batch / steady if steady else None,
+        "bytes_per_step": metrics.bytes_per_step,
+        "dense_bytes_per_step": metrics.dense_bytes_per_step,
+        "first_step_s": first[0] - started if first else None,
+        "fit_s": wall,
+        "replicas_identical": metrics.replicas_identical,
+    }))
+    spark.stop()
+
+
+# The grid, from this process ----------------------------------------------------------------
+
+
+def _tree(root: int) -> dict[int, tuple[str, int]]:
+    """``{pid: (role, rss bytes)}`` of ``root`` and its descendants now."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        names[int(entry)] = name
+    found: dict[int, tuple[str, int]] = {}
+    for pid in parents:
+        chain, node, jvm = [], pid, False
+        while node in parents and node != root and node > 1:
+            chain.append(node)
+            node = parents[node]
+            jvm = jvm or names.get(node) == "java"
+        if node != root:
+            continue
+        role = ("driver" if pid == root else "jvm" if names[pid] == "java"
+                else "worker" if jvm else "other")
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        rss = next((int(line.split()[1]) * 1024 for line in status.splitlines()
+                    if line.startswith("VmRSS:")), 0)
+        found[pid] = (role, rss)
+    return found
+
+
+def measure_cell(model_name: str, mode: str, workdir: str) -> dict[str, Any]:
+    """Run one cell's job and sample its process tree; its figures with each role's peak."""
+    out = os.path.join(workdir, f"{model_name}-{mode}.json")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    job = subprocess.Popen([sys.executable, "-m", "benchmarks.model_size", "--cell",
+                            model_name, mode, out], cwd=root, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peaks: dict[int, tuple[str, int]] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for pid, (role, rss) in _tree(job.pid).items():
+                if rss > peaks.get(pid, (role, 0))[1]:
+                    peaks[pid] = (role, rss)
+            done.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        _, stderr = job.communicate(timeout=1800)
+    finally:
+        done.set()
+        sampler.join()
+    if job.returncode != 0 or not os.path.exists(out):
+        tail = "\n".join(stderr.strip().splitlines()[-8:])
+        return {"model": model_name, "mode": mode, "failed": tail or f"exit {job.returncode}"}
+    figures = json.loads(Path(out).read_text())
+    workers = sorted((rss for role, rss in peaks.values() if role == "worker"), reverse=True)
+    figures.update(
+        model=model_name, mode=mode,
+        driver_peak=max((rss for role, rss in peaks.values() if role == "driver"), default=0),
+        jvm_peak=max((rss for role, rss in peaks.values() if role == "jvm"), default=0),
+        worker_peak=workers[0] if workers else 0,
+        load=os.getloadavg()[0],
+    )
+    return figures
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    """``quick``: tiny and resnet50 in dense and sharing. Otherwise every model and mode, or
+    those named in ``options["models"]`` / ``options["modes"]`` (comma-separated)."""
+    quick = bool(options.get("quick"))
+    models = (options.get("models") or ("tiny,resnet50" if quick else ",".join(MODELS)))
+    modes = (options.get("modes") or ("dense,sharing" if quick else ",".join(MODES)))
+    chosen = [m for m in models.split(",") if m]
+    if "tiny" not in chosen:
+        chosen.insert(0, "tiny")  # the baseline of every growth figure
+    cells: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sparkdl-bench-size-") as workdir:
+        for model_name in chosen:
+            for mode in [m for m in modes.split(",") if m]:
+                cell = measure_cell(model_name, mode, workdir)
+                cells.append(cell)
+                print(json.dumps(cell), flush=True)
+    base = {c["mode"]: c for c in cells if c["model"] == "tiny" and "failed" not in c}
+    table = []
+    for cell in cells:
+        if "failed" in cell:
+            table.append([cell["model"], cell["mode"], "failed: " + cell["failed"][-60:]]
+                         + [""] * 10)
+            continue
+        ref = base.get(cell["mode"], cell)
+        state = cell["state_bytes"]
+        driver_growth = (cell["driver_peak"] - ref["driver_peak"]) / state
+        worker_growth = (cell["worker_peak"] - ref["worker_peak"]) / state
+        cell.update(driver_growth_x_state=driver_growth, worker_growth_x_state=worker_growth)
+        table.append([
+            cell["model"], cell["mode"], f"{cell['parameters'] / 1e6:.1f}M",
+            f"{state / 1e6:.0f}", f"{(cell['step_s'] or 0) * 1e3:.0f}",
+            f"{cell['bytes_per_step'] / 1e6:.1f}", f"{cell['first_step_s'] or 0:.1f}",
+            f"{cell['driver_peak'] / 1e6:.0f}", f"{cell['jvm_peak'] / 1e6:.0f}",
+            f"{cell['worker_peak'] / 1e6:.0f}",
+            "-" if cell["model"] == "tiny" else f"{driver_growth:.2f}",
+            "-" if cell["model"] == "tiny" else f"{worker_growth:.2f}",
+            f"{cell['load']:.2f}",
+        ])
+    print_table(
+        f"models of real size: {WORKERS} workers on local[2], spark.driver.memory=1g, "
+        f"{STEPS_PER_EPOCH} steps x {EPOCHS} epochs; memory: peak VmRSS per process (MB); "
+        "growth: the peak above the tiny model's in the same mode, over the state",
+        ["model", "mode", "params", "state MB", "step ms", "MB/step", "first step s",
+         "driver MB", "JVM MB", "worker MB", "driver growth/state", "worker growth/state",
+         "load"],
+        table,
+    )
+    return {"cells": cells}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--cell":
+        run_cell(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        print("usage: python jobs/benchmark.py model-size [--quick]", file=sys.stderr)
+        sys.exit(2)
