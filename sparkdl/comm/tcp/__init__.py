@@ -30,10 +30,13 @@ over a record counter and the bytes; keys are per connection and direction
 memory is not used. Without it, a connection is authenticated only by its handshake: bytes
 altered or injected in an established stream go undetected.
 
-The package: :mod:`~sparkdl.comm.tcp.frames` (the header, ops, notices, send queues with their
-MACs, receive steps), :mod:`~sparkdl.comm.tcp.ring` (the communicator's collectives and the
-pump that drives one collective's I/O) and :mod:`~sparkdl.comm.tcp.formation` (listening,
-connecting, authenticating and negotiating shared memory: :func:`connect_ring`).
+The package, each module importing only those before it: :mod:`~sparkdl.comm.tcp.frames`
+(the header, ops, notices, send queues with their MACs, receive steps),
+:mod:`~sparkdl.comm.tcp.pump` (one collective's I/O on both connections: sending, receiving,
+shared-memory slots and credits, header and MAC checks, the deadline),
+:mod:`~sparkdl.comm.tcp.ring` (the communicator: its collectives as frames and steps for the
+pump) and :mod:`~sparkdl.comm.tcp.formation` (listening, connecting, authenticating and
+negotiating shared memory: :func:`connect_ring`).
 """
 
 from sparkdl.comm.tcp.formation import connect_ring

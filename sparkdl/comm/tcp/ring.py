@@ -1,14 +1,12 @@
-"""The TCP ring communicator: its collectives, and the pump that drives one collective's I/O on
-both sockets (:mod:`sparkdl.comm.tcp` describes the protocol)."""
+"""The TCP ring communicator: its collectives, as frames to send and steps to receive that the
+pump (:mod:`~sparkdl.comm.tcp.pump`) drives through both connections (:mod:`sparkdl.comm.tcp`
+describes the protocol)."""
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
-import select
 import socket
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -23,18 +21,10 @@ from sparkdl.comm.communicator import (
     reduce_destination,
 )
 from sparkdl.comm.tcp.frames import (
-    _ACK,
-    _HDR,
-    _MAGIC,
-    _MAX_IOV,
-    _NOTE,
-    _NOTE_MAGIC,
     _OP_ALLGATHER,
     _OP_BROADCAST,
     _OP_NAMES,
     _SHM_FLAG,
-    MAC_BYTES,
-    MAC_RECORD_BYTES,
     MAX_MESSAGE_BYTES,
     REDUCE_BLOCK_BYTES,
     SHM_MIN_BYTES,
@@ -48,8 +38,8 @@ from sparkdl.comm.tcp.frames import (
     _RecvStep,
     _reduce_code,
     _ShmData,
-    _tag,
 )
+from sparkdl.comm.tcp.pump import _Links, _Pump
 from sparkdl.errors import CommunicationError, ConfigurationError
 
 log = logging.getLogger("sparkdl.comm")
@@ -92,18 +82,28 @@ class TcpRingCommunicator(Communicator):
         self._next_peer = next_peer
         self._rx = rx_shm  # shared memory on the link prev -> me
         self._tx = tx_shm  # shared memory on the link me -> next
-        self._acks_owed = 0  # credits for consumed slots not yet returned to prev
         if (tx_mac_key is None) != (rx_mac_key is None) or (
             tx_mac_key is not None and (rx_shm is not None or tx_shm is not None)
         ):
             raise ConfigurationError("wire MACs need keys for both links and no shared memory")
         self._tx_mac = _Mac(tx_mac_key) if tx_mac_key is not None else None
-        self._rx_mac = _Mac(rx_mac_key) if rx_mac_key is not None else None
         self._seq = 0
         self._broken: str | None = None
         self._closed = False
-        self._poller = select.poll() if prev_sock is not None else None
-        self._masks: dict[int, int] = {}
+        # What every collective's pump drives: both connections, none on a ring of one rank.
+        self._links: _Links | None = None
+        if prev_sock is not None:
+            assert next_sock is not None and prev_peer is not None and next_peer is not None
+            self._links = _Links(
+                prev_sock,
+                next_sock,
+                prev_peer,
+                next_peer,
+                rx_shm,
+                tx_shm,
+                _Mac(rx_mac_key) if rx_mac_key is not None else None,
+                self.counters,
+            )
         for sock in (prev_sock, next_sock):
             if sock is not None:
                 sock.setblocking(False)
@@ -395,7 +395,7 @@ class TcpRingCommunicator(Communicator):
         self._pump(_OP_NAMES[code], code, seq, sendq, steps)
         return out
 
-    # The I/O engine -------------------------------------------------------------------------
+    # Running a collective -------------------------------------------------------------------
 
     def _out(self) -> _Out:
         return _Out() if self._tx_mac is None else _MacOut(self._tx_mac)
@@ -411,8 +411,36 @@ class TcpRingCommunicator(Communicator):
     ) -> None:
         """Send everything in ``sendq`` (which callbacks may extend) to the next rank while
         receiving ``steps`` from the previous one, all within ``timeout_s`` (or by
-        ``deadline``, a ``time.monotonic()`` value)."""
-        _Pump(self, opname, op, seq, sendq, steps, deadline).run()
+        ``deadline``, a ``time.monotonic()`` value). Any failure breaks the communicator."""
+        assert self._links is not None
+        pump = _Pump(
+            self._links,
+            opname,
+            op,
+            seq,
+            sendq,
+            steps,
+            deadline,
+            timeout_s=self.timeout_s,
+            max_message_bytes=self.max_message_bytes,
+            shm_chunk_bytes=self.shm_chunk_bytes,
+        )
+        try:
+            pump.run()
+        except CommunicationError as exc:
+            raise self._fail(str(exc).removeprefix(f"rank {self.rank}: ")) from None
+        except ConnectionError as exc:
+            raise self._fail(str(exc)) from exc
+        except MemoryError as exc:
+            raise self._fail(
+                f"out of memory receiving {pump.blen} bytes from {self._prev_peer} during "
+                f"{opname}"
+            ) from exc
+        except OSError as exc:
+            raise self._fail(
+                f"socket error during {opname} with {self._prev_peer} / {self._next_peer}: "
+                f"{exc}"
+            ) from exc
 
     def _exchange(
         self,
@@ -479,522 +507,3 @@ class TcpRingCommunicator(Communicator):
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.close()
-
-    def _fill_slot(self, sendq: _Out) -> int:
-        """Copy queued shared-memory payload at the head of ``sendq`` into the next free slot
-        and put its notice in its place; returns the payload bytes moved (0 if no credit)."""
-        link = self._tx
-        assert link is not None
-        if link.credits <= 0:
-            return 0
-        base = link.offset(link.index)
-        cap = min(self.shm_chunk_bytes, link.slot_bytes)
-        dst = link.view
-        filled = 0
-        while sendq and filled < cap:
-            item = sendq[0]
-            if type(item) is not _ShmData:
-                break
-            piece = item.view
-            take = min(len(piece), cap - filled)
-            dst[base + filled : base + filled + take] = piece[:take]
-            filled += take
-            if take == len(piece):
-                sendq.popleft()
-            else:
-                item.view = piece[take:]
-        sendq.appendleft(memoryview(_NOTE.pack(_NOTE_MAGIC, 0, link.index & 0xFFFF, filled)))
-        link.index += 1
-        link.credits -= 1
-        return filled
-
-    def _take_credits(self, opname: str) -> bool:
-        """Read returned slot credits from the next rank (non-blocking)."""
-        link, nxt = self._tx, self._next
-        assert link is not None and nxt is not None
-        try:
-            data = nxt.recv(256)
-        except BlockingIOError:
-            return False
-        except OSError as exc:
-            raise ConnectionError(
-                f"receiving from {self._next_peer} failed during {opname}: {exc}"
-            ) from exc
-        if not data:
-            raise ConnectionError(
-                f"{self._next_peer} closed the connection during {opname} (it failed or exited)"
-            )
-        if data.count(_ACK) != len(data) or link.credits + len(data) > link.slots:
-            raise CommunicationError(
-                f"{self._next_peer} is out of step: unexpected shared-memory credits"
-            )
-        self.counters.bytes_received += len(data)
-        link.credits += len(data)
-        return True
-
-    def _return_credits(self, opname: str) -> None:
-        prev = self._prev
-        assert prev is not None
-        try:
-            sent = prev.send(bytes([_ACK]) * self._acks_owed)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            raise ConnectionError(
-                f"sending to {self._prev_peer} failed during {opname}: {exc}"
-            ) from exc
-        self._acks_owed -= sent
-        self.counters.bytes_sent += sent
-
-    def _consume_slot(
-        self,
-        note: bytearray,
-        opname: str,
-        step: _RecvStep,
-        body: memoryview | None,
-        got: int,
-        blen: int,
-    ) -> int:
-        """Hand the payload of the slot named by ``note`` to ``step``; owe a credit back."""
-        link = self._rx
-        assert link is not None and body is not None
-        magic, _, slot, n = _NOTE.unpack(note)
-        if (
-            magic != _NOTE_MAGIC
-            or slot != link.index & 0xFFFF
-            or not 0 < n <= min(link.slot_bytes, blen - got)
-        ):
-            raise CommunicationError(
-                f"{self._prev_peer} is out of step: bad shared-memory notice (slot {slot}, "
-                f"{n} bytes) during {opname} step {step.step}"
-            )
-        base = link.offset(link.index)
-        part = link.array[base : base + n]
-        if step.on_shm is not None:
-            step.on_shm(part, got, got + n)
-        else:
-            body[got : got + n] = part.data
-            if step.on_data is not None:
-                step.on_data(body, got, got + n)
-        link.index += 1
-        self._acks_owed += 1
-        return int(n)
-
-    def _set_mask(self, fd: int, mask: int) -> None:
-        assert self._poller is not None
-        old = self._masks.get(fd)
-        if old == mask:
-            return
-        if old is None:
-            self._poller.register(fd, mask)
-        else:
-            self._poller.modify(fd, mask)
-        self._masks[fd] = mask
-
-    def _check_header(
-        self, hdr: bytearray, opname: str, op: int, seq: int, step: _RecvStep
-    ) -> tuple[int, bool]:
-        magic, got_op, got_step, got_seq, length = _HDR.unpack_from(hdr)
-        shm = bool(got_op & _SHM_FLAG)
-        got_op &= ~_SHM_FLAG
-        want_len = step.length
-        if (
-            magic != _MAGIC
-            or got_op != op
-            or got_seq != seq
-            or got_step != step.step & 0xFFFF
-            or (want_len is not None and length != want_len)
-            or length > self.max_message_bytes
-            or (shm and (self._rx is None or length == 0))
-        ):
-            if magic != _MAGIC:
-                what = f"a frame with bad magic 0x{magic:02x}"
-            else:
-                what = (
-                    f"{_OP_NAMES.get(got_op, f'op {got_op}')} seq {got_seq} step {got_step} "
-                    f"of {length} bytes"
-                )
-                if shm:
-                    what += " in shared memory"
-            expected = f"{opname} seq {seq} step {step.step}"
-            if want_len is not None:
-                expected += f" of {want_len} bytes"
-            raise CommunicationError(
-                f"{self._prev_peer} is out of step: expected {expected}, received {what} "
-                "(ranks called collectives in a different order or with different sizes)"
-            )
-        return int(length), shm
-
-
-_HEADER, _PAYLOAD, _TAG, _NOTICE = range(4)
-_FIRST_ALLOC = 64 << 10
-"""A payload of undeclared size (allgather, broadcast) starts in a buffer of at most this many
-bytes, which doubles as bytes arrive: a peer's declared length is never allocated up front."""
-
-
-class _Pump:
-    """The I/O of one collective: send everything queued for the next rank (callbacks may
-    extend the queue) while receiving the expected frames (``steps``) from the previous one,
-    on non-blocking sockets driven by ``poll``, all before one total deadline.
-
-    Receive states, for the frame of the current step::
-
-        state     reads                               when complete
-        --------  ----------------------------------  ------------------------------------------
-        _HEADER   the header (+ its MAC tag) into     tag verified, header checked, body set
-                  hdr; without MAC or shared memory,  up -> _PAYLOAD, _NOTICE, or done (empty
-                  also the start of the payload       payload, or all of it already read)
-        _PAYLOAD  payload into body[got:limit]        no MAC: each read handed on, done at the
-                  (limit: record end, buffer end)     end; MAC: at the record end -> _TAG
-        _TAG      the record's MAC tag                verified, record handed on -> _PAYLOAD,
-                                                      or done
-        _NOTICE   one shared-memory notice            slot consumed -> _NOTICE, or done
-        done      on_done (and store), next step -> _HEADER; after the last step, receiving is
-                  finished
-
-    Send side, each turn: shared-memory payload at the head of the queue is copied into a free
-    slot (or we wait for a credit), queued bytes go out with ``sendmsg``, owed credits go back
-    to the previous rank; after the last byte we wait until the next rank consumed every slot.
-    """
-
-    def __init__(
-        self,
-        comm: TcpRingCommunicator,
-        opname: str,
-        op: int,
-        seq: int,
-        sendq: _Out,
-        steps: list[_RecvStep],
-        deadline: float | None = None,
-    ) -> None:
-        assert comm._prev is not None and comm._next is not None
-        self.comm = comm
-        self.opname = opname
-        self.op = op
-        self.seq = seq
-        self.sendq = sendq
-        self.steps = steps
-        self.nsteps = len(steps)
-        self.deadline = time.monotonic() + comm.timeout_s if deadline is None else deadline
-        self.mac = comm._rx_mac
-        # Header and payload in one recvmsg: only when the payload needs no other handling.
-        self.direct = comm._rx is None and self.mac is None
-        self.hdr = bytearray(_HDR.size + (MAC_BYTES if self.mac is not None else 0))
-        self.hview = memoryview(self.hdr)
-        self.small = bytearray(max(_NOTE.size, MAC_BYTES))  # a notice or a tag
-        self.sview = memoryview(self.small)
-        self.waiting_credit = False
-        self.si = 0
-        self.state = _HEADER
-        self.part = 0  # bytes of the header, notice or tag being read
-        self.got = 0  # payload bytes of the current frame received
-        self.blen = 0  # payload length of the current frame
-        self.body: memoryview | None = None
-        self.buf: bytearray | None = None  # the growing buffer of an undeclared-size payload
-        self.cap = 0  # bytes body can hold
-        self.until = 0  # end of the current record (MAC), else blen
-        self.limit = 0  # min(until, cap): receive up to here
-        self.record = 0  # start of the current record (MAC)
-        self._preallocate()
-
-    def _preallocate(self) -> None:
-        if self.si < self.nsteps:
-            step = self.steps[self.si]
-            if step.length is not None:
-                assert step.target is not None
-                self.body = step.target(step.length)
-                self.cap = step.length
-
-    # The loop ---------------------------------------------------------------------------------
-
-    def run(self) -> None:
-        comm = self.comm
-        monotonic = time.monotonic
-        try:
-            while True:
-                progressed = self._send()
-                if comm._acks_owed:
-                    comm._return_credits(self.opname)
-                if self.si < self.nsteps and self._receive():
-                    progressed = True
-                if (
-                    self.si >= self.nsteps
-                    and not self.sendq
-                    and not comm._acks_owed
-                    and not self.waiting_credit
-                ):
-                    tx = comm._tx
-                    if tx is None or tx.credits == tx.slots:
-                        return
-                    continue
-                if progressed:
-                    if monotonic() > self.deadline:
-                        raise self._overdue()
-                    continue
-                self._wait()
-        except CommunicationError as exc:
-            raise comm._fail(str(exc).removeprefix(f"rank {comm.rank}: ")) from None
-        except ConnectionError as exc:
-            raise comm._fail(str(exc)) from exc
-        except MemoryError as exc:
-            raise comm._fail(
-                f"out of memory receiving {self.blen} bytes from {comm._prev_peer} during "
-                f"{self.opname}"
-            ) from exc
-        except OSError as exc:
-            raise comm._fail(
-                f"socket error during {self.opname} with {comm._prev_peer} / "
-                f"{comm._next_peer}: {exc}"
-            ) from exc
-
-    def _overdue(self) -> CommunicationError:
-        comm, timeout = self.comm, self.comm.timeout_s
-        if self.si < self.nsteps:
-            step = self.steps[self.si]
-            if self.state == _HEADER:
-                what = f"sent nothing of step {step.step}"
-            else:
-                what = f"sent {self.got} of {self.blen} bytes of step {step.step}"
-            return CommunicationError(
-                f"{comm._prev_peer} {what}: {self.opname} not complete within {timeout:.1f} s"
-            )
-        who = comm._next_peer if self.sendq or self.waiting_credit else comm._prev_peer
-        return CommunicationError(
-            f"{who} accepted no more data: {self.opname} not complete within {timeout:.1f} s"
-        )
-
-    def _wait(self) -> None:
-        comm = self.comm
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise self._overdue()
-        assert comm._poller is not None and comm._prev is not None and comm._next is not None
-        want_send = bool(self.sendq) and not self.waiting_credit
-        comm._set_mask(
-            comm._prev.fileno(),
-            (select.POLLIN if self.si < self.nsteps else 0)
-            | (select.POLLOUT if comm._acks_owed else 0),
-        )
-        comm._set_mask(
-            comm._next.fileno(),
-            (select.POLLOUT if want_send else 0)
-            | (select.POLLIN if self.waiting_credit else 0),
-        )
-        comm._poller.poll(max(1, int(remaining * 1000) + 1))
-
-    # Sending ----------------------------------------------------------------------------------
-
-    def _send(self) -> bool:
-        """One turn of the send side; returns whether anything moved."""
-        comm, sendq, tx = self.comm, self.sendq, self.comm._tx
-        self.waiting_credit = False
-        if not sendq:
-            if tx is not None and tx.credits < tx.slots:
-                # Done sending: wait for every slot to be consumed, so that no credit is
-                # left unread on the socket (closing it would then reset the connection).
-                if comm._take_credits(self.opname):
-                    return True
-                self.waiting_credit = True
-            return False
-        progressed = False
-        if type(sendq[0]) is _ShmData:
-            assert tx is not None
-            if tx.credits == 0:
-                comm._take_credits(self.opname)
-            moved = comm._fill_slot(sendq)
-            if not moved:
-                self.waiting_credit = True
-                return False
-            comm.counters.bytes_sent += moved
-            progressed = True
-        iov: list[memoryview] = []
-        for item in sendq:
-            if type(item) is _ShmData or len(iov) == _MAX_IOV:
-                break
-            iov.append(item)
-        nxt = comm._next
-        assert nxt is not None
-        try:
-            sent = nxt.send(iov[0]) if len(iov) == 1 else nxt.sendmsg(iov)
-        except BlockingIOError:
-            return progressed
-        except OSError as exc:
-            raise ConnectionError(
-                f"sending to {comm._next_peer} failed during {self.opname}: {exc}"
-            ) from exc
-        if not sent:
-            return progressed
-        comm.counters.bytes_sent += sent
-        while sent:
-            head = sendq[0]
-            if sent >= len(head):
-                sent -= len(head)
-                sendq.popleft()
-            else:
-                sendq[0] = head[sent:]
-                sent = 0
-        return True
-
-    # Receiving --------------------------------------------------------------------------------
-
-    def _receive(self) -> bool:
-        """One non-blocking read for the current step; returns whether anything arrived."""
-        comm, state = self.comm, self.state
-        prev = comm._prev
-        assert prev is not None
-        try:
-            if state == _PAYLOAD:
-                assert self.body is not None
-                k = prev.recv_into(self.body[self.got : self.limit])
-            elif state == _HEADER:
-                if self.direct and self.body is not None and self.cap:
-                    k = prev.recvmsg_into([self.hview[self.part :], self.body])[0]
-                else:
-                    k = prev.recv_into(self.hview[self.part :])
-            elif state == _TAG:
-                k = prev.recv_into(self.sview[self.part : MAC_BYTES])
-            else:
-                k = prev.recv_into(self.sview[self.part : _NOTE.size])
-        except BlockingIOError:
-            return False
-        except OSError as exc:
-            raise ConnectionError(
-                f"receiving from {comm._prev_peer} failed during {self.opname}: {exc}"
-            ) from exc
-        if k == 0:
-            raise ConnectionError(
-                f"{comm._prev_peer} closed the connection during {self.opname} "
-                "(it failed or exited)"
-            )
-        comm.counters.bytes_received += k
-        if state == _PAYLOAD:
-            self._payload(k)
-        elif state == _HEADER:
-            self._header(k)
-        elif state == _TAG:
-            self._tag(k)
-        else:
-            self._notice(k)
-        return True
-
-    def _header(self, k: int) -> None:
-        part = self.part + k
-        size = len(self.hdr)
-        if part < size:
-            self.part = part
-            return
-        self.part = 0
-        step = self.steps[self.si]
-        if self.mac is not None:
-            self._verify(self.hview[: _HDR.size], self.hview[_HDR.size :], step, "frame header")
-        blen, shm = self.comm._check_header(self.hdr, self.opname, self.op, self.seq, step)
-        self.blen = blen
-        extra = part - size  # payload bytes that came with the header (direct mode only)
-        if self.body is None:
-            if step.length is not None:
-                assert step.target is not None
-                self.body, self.cap = step.target(blen), blen
-            else:
-                self.buf = bytearray(min(blen, _FIRST_ALLOC))
-                self.body, self.cap = memoryview(self.buf), len(self.buf)
-        self.got = extra
-        if step.on_header is not None:
-            step.on_header(blen)
-        if shm:
-            self.state = _NOTICE
-        else:
-            self.state = _PAYLOAD
-            self.record = 0
-            self.until = blen if self.mac is None else min(MAC_RECORD_BYTES, blen)
-            if extra and step.on_data is not None:
-                step.on_data(self.body, 0, extra)
-        if self.got == blen:
-            self._done(step)
-        else:
-            self._set_limit()
-
-    def _payload(self, k: int) -> None:
-        lo = self.got
-        got = self.got = lo + k
-        if self.mac is None:
-            step = self.steps[self.si]
-            if step.on_data is not None:
-                step.on_data(self.body, lo, got)  # type: ignore[arg-type]
-            if got == self.blen:
-                self._done(step)
-                return
-        elif got == self.until:
-            self.state = _TAG
-            return
-        if got == self.limit:
-            self._set_limit()
-
-    def _tag(self, k: int) -> None:
-        self.part += k
-        if self.part < MAC_BYTES:
-            return
-        self.part = 0
-        step = self.steps[self.si]
-        lo, hi = self.record, self.got
-        assert self.body is not None
-        self._verify(self.body[lo:hi], self.sview[:MAC_BYTES], step, "payload record")
-        if step.on_data is not None:
-            step.on_data(self.body, lo, hi)
-        if hi == self.blen:
-            self._done(step)
-            return
-        self.record = hi
-        self.until = min(hi + MAC_RECORD_BYTES, self.blen)
-        self.state = _PAYLOAD
-        self._set_limit()
-
-    def _notice(self, k: int) -> None:
-        self.part += k
-        if self.part < _NOTE.size:
-            return
-        self.part = 0
-        if self.buf is not None:
-            n = _NOTE.unpack_from(self.small)[3]
-            if self.cap < self.got + n <= self.blen:
-                self._grow(self.got + n)
-        step = self.steps[self.si]
-        note = self.small[: _NOTE.size]
-        n = self.comm._consume_slot(note, self.opname, step, self.body, self.got, self.blen)
-        self.got += n
-        self.comm.counters.bytes_received += n
-        if self.got == self.blen:
-            self._done(step)
-
-    def _set_limit(self) -> None:
-        if self.got == self.cap and self.cap < self.blen:
-            self._grow(0)
-        self.limit = min(self.until, self.cap)
-
-    def _grow(self, need: int) -> None:
-        """Move an undeclared-size payload into a buffer twice as large (at most its length).
-        Views of the old buffer already handed on stay valid."""
-        assert self.buf is not None and self.body is not None
-        new = bytearray(min(self.blen, max(need, 2 * self.cap)))
-        new[: self.got] = self.body[: self.got]
-        self.buf, self.body, self.cap = new, memoryview(new), len(new)
-
-    def _verify(self, data: memoryview, tag: memoryview, step: _RecvStep, what: str) -> None:
-        assert self.mac is not None
-        h = self.mac.hasher()
-        h.update(data)
-        if not hmac.compare_digest(_tag(h), tag):
-            raise CommunicationError(
-                f"{self.comm._prev_peer} sent a {what} that failed its MAC during "
-                f"{self.opname} step {step.step} (bytes altered or injected on the wire)"
-            )
-
-    def _done(self, step: _RecvStep) -> None:
-        if step.on_done is not None:
-            step.on_done()
-        if self.buf is not None and step.store is not None:
-            step.store(self.buf)
-        self.si += 1
-        self.state = _HEADER
-        self.part = self.got = self.blen = self.cap = self.until = self.limit = 0
-        self.body = self.buf = None
-        self._preallocate()
