@@ -22,10 +22,20 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.errors import DataError
-from sparkdl.storage import child, make_dirs, read_bytes, resolve, write_bytes
+from sparkdl.storage import (
+    atomic_path,
+    child,
+    download,
+    local_path,
+    make_dirs,
+    read_bytes,
+    resolve,
+    upload,
+)
 
 if TYPE_CHECKING:
     import keras
@@ -50,46 +60,108 @@ class ModelRef:
 def write_model_bytes(data: bytes, directory: str) -> ModelRef:
     """Write ``data`` (``.keras`` bytes) into ``directory`` as ``<sha256>.keras``, atomically,
     unless that file is there already; return its reference."""
-    digest = hashlib.sha256(data).hexdigest()
-    ref = ModelRef(child(directory, f"{digest}.keras"), digest, len(data))
+    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
+        local = Path(tmp, "model.keras")
+        local.write_bytes(data)
+        return _publish(local, directory)
+
+
+def write_model(model: keras.Model, directory: str) -> ModelRef:
+    """Write the model (weights, optimizer state) as a ``.keras`` file named by its SHA-256
+    into ``directory``, with no copy of its weights in memory
+    (:func:`~sparkdl.training.serialization.save_model_file`); return its reference."""
+    from sparkdl.training.serialization import save_model_file
+
+    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
+        local = Path(tmp, "model.keras")
+        save_model_file(model, local)
+        return _publish(local, directory)
+
+
+def _publish(local: Path, directory: str) -> ModelRef:
+    """Move or upload the local file ``local`` to ``directory``/``<sha256>.keras``."""
+    digest, size = _sha256(local)
+    ref = ModelRef(child(directory, f"{digest}.keras"), digest, size)
     fs, path = resolve(ref.uri)
     try:
-        found = fs.get_file_info(path)
-        if found.size == len(data):
-            return ref
+        if fs.get_file_info(path).size == size:
+            return ref  # the same bytes are there already
         make_dirs(directory, key="the model directory")
-        write_bytes(fs, path, data)
+        target = local_path(ref.uri)
+        if target is not None:  # local: a rename into place, atomic
+            with atomic_path(target) as staged:
+                shutil.move(local, staged)
+        else:
+            upload(local, ref.uri)
     except OSError as exc:
         raise DataError(f"cannot write the model to {ref.uri}: {exc}") from None
     return ref
 
 
-def write_model(model: keras.Model, directory: str) -> ModelRef:
-    """:func:`write_model_bytes` of the model's ``.keras`` bytes (weights, optimizer state)."""
-    from sparkdl.training.serialization import model_to_bytes
+def _sha256(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
-    return write_model_bytes(model_to_bytes(model), directory)
+
+_CHUNK = 8 << 20
 
 
 def read_model_bytes(ref: ModelRef) -> bytes:
     """The bytes of ``ref``'s file; one :class:`DataError` when the file is missing or is not
     the one written (another size or checksum: changed or cut short on its storage)."""
     data = read_bytes(ref.uri, what="model file", limit=ref.size)
-    digest = hashlib.sha256(data).hexdigest()
-    if len(data) != ref.size or digest != ref.sha256:
-        raise DataError(
-            f"model file {ref.uri}: {len(data)} bytes with SHA-256 {digest[:12]}…, not the "
-            f"{ref.size} bytes with SHA-256 {ref.sha256[:12]}… that were written (the file "
-            "changed on its storage)"
-        )
+    _check(ref, hashlib.sha256(data).hexdigest(), len(data))
     return data
 
 
-def load_model(ref: ModelRef, custom_objects: dict[str, Any] | None = None) -> keras.Model:
-    """The model in ``ref``'s file, checked against the reference."""
-    from sparkdl.training.serialization import model_from_bytes
+def _check(ref: ModelRef, digest: str, size: int) -> None:
+    if size != ref.size or digest != ref.sha256:
+        raise DataError(
+            f"model file {ref.uri}: {size} bytes with SHA-256 {digest[:12]}…, not the "
+            f"{ref.size} bytes with SHA-256 {ref.sha256[:12]}… that were written (the file "
+            "changed on its storage)"
+        )
 
-    return model_from_bytes(read_model_bytes(ref), custom_objects)
+
+def load_model(ref: ModelRef, custom_objects: dict[str, Any] | None = None) -> keras.Model:
+    """The model in ``ref``'s file, checked against the reference; read from disk, with no
+    copy of the file in memory (a remote file is downloaded to a temporary file first)."""
+    from sparkdl.training.serialization import load_model_file
+
+    local = local_path(ref.uri)
+    if local is not None:
+        if not local.is_file():
+            raise DataError(f"model file {ref.uri} does not exist")
+        _check(ref, *_sha256(local))
+        return load_model_file(local, custom_objects)
+    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
+        copy = Path(tmp, "model.keras")
+        download(ref.uri, copy)
+        _check(ref, *_sha256(copy))
+        return load_model_file(copy, custom_objects)
+
+
+def load_weights(model: keras.Model, ref: ModelRef) -> None:
+    """Load the weights and optimizer state of ``ref``'s file into ``model`` (the model the file
+    was trained from: same structure, optimizer built), checked against the reference."""
+    from sparkdl.training.serialization import load_weights_file
+
+    local = local_path(ref.uri)
+    if local is not None:
+        if not local.is_file():
+            raise DataError(f"model file {ref.uri} does not exist")
+        _check(ref, *_sha256(local))
+        load_weights_file(model, local)
+        return
+    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
+        copy = Path(tmp, "model.keras")
+        download(ref.uri, copy)
+        _check(ref, *_sha256(copy))
+        load_weights_file(model, copy)
 
 
 def delete_model(ref: ModelRef) -> None:
@@ -179,5 +251,6 @@ def _remove_staged() -> None:
 
 
 __all__ = ["KEEP_STAGED", "MODELS_DIR", "ModelRef", "adopt", "delete_model", "load_model",
+           "load_weights",
            "read_model_bytes", "staged_model", "temporary_model_dir", "weights_digest",
            "write_model", "write_model_bytes"]

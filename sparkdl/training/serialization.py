@@ -12,7 +12,9 @@ import contextlib
 import io
 import os
 import tempfile
+import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -74,3 +76,53 @@ def model_from_bytes(data: bytes, custom_objects: dict[str, Any] | None = None) 
         with open(path, "wb") as f:
             f.write(data)
         return keras.models.load_model(path, custom_objects=custom_objects, compile=True)
+
+
+def save_model_file(model: keras.Model, path: str | os.PathLike[str]) -> None:
+    """:func:`model_to_bytes`'s ``.keras`` archive written to the local file ``path``, without
+    a copy of the weights in memory: Keras writes its weights file straight to disk (its
+    unzipped format), which is then stored into the archive in chunks (uncompressed)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    if _saving_lib is None:  # pragma: no cover - depends on the Keras version
+        Path(path).write_bytes(model_to_bytes(model))
+        return
+    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
+        unzipped = Path(tmp, "model")
+        with _compiled_with_loss_scale(model):
+            _saving_lib.save_model(model, str(unzipped), zipped=False)
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+            for member in sorted(p for p in unzipped.rglob("*") if p.is_file()):
+                archive.write(member, member.relative_to(unzipped).as_posix())
+
+
+def load_model_file(path: str | os.PathLike[str],
+                    custom_objects: dict[str, Any] | None = None) -> keras.Model:
+    """Load the ``.keras`` archive at the local ``path`` (written by :func:`save_model_file` or
+    :func:`model_to_bytes`), compiled as it was saved: its members are extracted to disk in
+    chunks and the weights read from there, not from a copy in memory."""
+    if _saving_lib is None:  # pragma: no cover - depends on the Keras version
+        return keras.models.load_model(str(path), custom_objects=custom_objects, compile=True)
+    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                target = Path(tmp, member.filename).resolve()
+                if not target.is_relative_to(Path(tmp).resolve()):
+                    raise ValueError(f"{path}: member {member.filename!r} leaves the archive")
+                archive.extract(member, tmp)
+        return _saving_lib.load_model(tmp, custom_objects=custom_objects, compile=True)
+
+
+def load_weights_file(model: keras.Model, path: str | os.PathLike[str]) -> None:
+    """Load the weights and optimizer state of the ``.keras`` archive at the local ``path``
+    into ``model``, a model of the same structure whose optimizer is built: no second model,
+    and the weights read from disk (the archive's weights file extracted in chunks)."""
+    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
+        with zipfile.ZipFile(path) as archive:
+            archive.extract(_WEIGHTS_FILE, tmp)
+        model.load_weights(str(Path(tmp, _WEIGHTS_FILE)))
+
+
+#: The weights file inside a ``.keras`` archive.
+_WEIGHTS_FILE = "model.weights.h5"

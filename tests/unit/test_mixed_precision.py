@@ -155,15 +155,21 @@ def test_parameter_averaging_steps_as_keras_train_step_with_its_loss_scale():
 
 
 def test_a_shipped_mixed_float16_model_keeps_its_loss_scale_optimizer_and_state():
+    import tempfile
+    from pathlib import Path
+
+    from sparkdl.training.model_files import load_model, write_model
     from sparkdl.training.serialization import model_from_bytes, model_to_bytes
 
     model = _model("mixed_float16", lambda: keras.optimizers.Adam(0.01))
     model.optimizer.build(model.trainable_variables)
     model.optimizer.dynamic_scale.assign(1024.0)
-    loaded = model_from_bytes(model_to_bytes(model))
-    assert isinstance(loaded.optimizer, keras.optimizers.LossScaleOptimizer)
-    assert float(loaded.optimizer.dynamic_scale.numpy()) == 1024.0
-    assert loaded.layers[0].compute_dtype == "float16"
+    with tempfile.TemporaryDirectory() as tmp:  # in memory, and as the file tasks read
+        ref = write_model(model, Path(tmp).as_uri())
+        for loaded in (model_from_bytes(model_to_bytes(model)), load_model(ref)):
+            assert isinstance(loaded.optimizer, keras.optimizers.LossScaleOptimizer)
+            assert float(loaded.optimizer.dynamic_scale.numpy()) == 1024.0
+            assert loaded.layers[0].compute_dtype == "float16"
     assert not isinstance(model._compile_config.config["optimizer"],
                           keras.optimizers.LossScaleOptimizer)  # the model's config is restored
 

@@ -63,6 +63,23 @@ def test_the_reference_is_small_whatever_the_model(tmp_path: Path) -> None:
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_the_file_holds_the_optimizer_state_and_loads_as_in_memory_bytes(tmp_path: Path) -> None:
+    """A model file is the ``.keras`` archive: Keras's own loader and the in-memory path read
+    it alike, optimizer slots and step count included."""
+    from sparkdl.training.serialization import model_from_bytes
+
+    model = _model(7)
+    x, y = np.ones((8, 4), np.float32), np.zeros(8, np.int64)
+    model.fit(x, y, epochs=1, verbose=0)
+    ref = write_model(model, tmp_path.as_uri())
+    path = ref.uri.removeprefix("file://")
+    for loaded in (load_model(ref), model_from_bytes(read_model_bytes(ref)),
+                   keras.models.load_model(path)):
+        assert int(loaded.optimizer.iterations.numpy()) == 1
+        for a, b in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_an_unchanged_model_is_staged_once_and_a_changed_one_again(tmp_path: Path) -> None:
     model = _model()
     directory = tmp_path.as_uri()
@@ -97,3 +114,20 @@ def test_a_model_file_on_s3(s3_bucket: str) -> None:
     ref = write_model(model, f"{s3_bucket}/models")
     assert ref.uri.startswith("s3://")
     assert weights_digest(load_model(ref)) == weights_digest(model)
+
+
+def test_a_trained_file_loads_into_the_model_it_came_from(tmp_path: Path) -> None:
+    """The driver loads rank 0's trained file into the model it fitted (one model in memory):
+    weights, optimizer slots and step count, as a model loaded anew would hold them."""
+    from sparkdl.training.model_files import load_weights
+
+    model, trained = _model(8), _model(8)
+    model.optimizer.build(model.trainable_variables)
+    x, y = np.ones((8, 4), np.float32), np.zeros(8, np.int64)
+    trained.fit(x, y, epochs=2, verbose=0)
+    ref = write_model(trained, tmp_path.as_uri())
+    load_weights(model, ref)
+    assert int(model.optimizer.iterations.numpy()) == 2
+    for a, b in zip(trained.weights + trained.optimizer.variables,
+                    model.weights + model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

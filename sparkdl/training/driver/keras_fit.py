@@ -63,7 +63,8 @@ class KerasFit:
 
         Returns a :class:`keras.callbacks.History` (``history.history`` holds ``loss``, every
         compiled metric, ``val_*`` and sparkdl's per-epoch figures) that also carries the job's
-        measurements (``.metrics``); the trained model replaces :attr:`model`.
+        measurements (``.metrics``); the trained weights and optimizer state are loaded into
+        :attr:`model` (trained in place, as Keras's ``fit`` does).
 
         Args:
             data: URI of the training shards (written by the ETL / ``write_shards``).

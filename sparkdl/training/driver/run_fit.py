@@ -93,7 +93,7 @@ def run_fit(
     from sparkdl.data.reader import rows_dropped_per_epoch, shuffle_mode
     from sparkdl.training.driver.events import DriverCallbacks, needs_weights
     from sparkdl.training.driver.progress import ProgressLogger, resolve_verbose
-    from sparkdl.training.model_files import delete_model, load_model, write_model
+    from sparkdl.training.model_files import delete_model, write_model
     from sparkdl.training.weights import check_class_weight
     from sparkdl.training.worker.run_worker import EventsSpec, make_worker_spec
 
@@ -159,7 +159,7 @@ def run_fit(
     results.sort(key=lambda r: r.rank)
     trained = results[0].model
     assert trained is not None  # rank 0 returns the model's file
-    final = load_model(trained, custom_objects)
+    final = _trained_model(model, trained, custom_objects)
     history.model_file = trained
     steps_per_epoch = spec.steps_per_epoch
     if len(results) != len(spec.slices):  # an elastic fit ended with another world size
@@ -182,6 +182,25 @@ def run_fit(
     if history.metrics.resumed_from:
         log.warning("fit resumed from checkpoint %s", history.metrics.resumed_from)
     return history, final
+
+
+def _trained_model(model: keras.Model, trained: ModelRef,
+                   custom_objects: dict[str, object] | None) -> keras.Model:
+    """Rank 0's trained model: its weights and optimizer state loaded into ``model`` (one model
+    in the driver's memory, as Keras's ``fit`` trains in place), or, where the structures
+    differ, the model of the file."""
+    from sparkdl.errors import DataError
+    from sparkdl.training.model_files import load_model, load_weights
+
+    try:
+        load_weights(model, trained)
+        return model
+    except DataError:
+        raise
+    except Exception as exc:  # another structure: load the file as it is
+        log.debug("the trained weights did not load into the fitted model (%s): "
+                  "loading the trained model anew", exc)
+        return load_model(trained, custom_objects)
 
 
 def _run_with_events(

@@ -342,7 +342,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import ShardReader, global_shuffle, rows_dropped_per_epoch
     from sparkdl.training.exchanges.variables import weights_checksum
-    from sparkdl.training.model_files import read_model_bytes, write_model
+    from sparkdl.training.model_files import load_model, write_model
     from sparkdl.training.serialization import model_from_bytes
     from sparkdl.training.worker.checkpoint import CheckpointStore, TrainingState
 
@@ -359,9 +359,8 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         start = _replanned_position(start, spec.steps_per_epoch)
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
     keras.utils.set_random_seed((master.seed + comm.rank + 7919 * start.global_step) % 2**32)
-    model = model_from_bytes(
-        resumed.model_bytes if resumed else read_model_bytes(spec.model), spec.custom_objects
-    )
+    model = (model_from_bytes(resumed.model_bytes, spec.custom_objects) if resumed
+             else load_model(spec.model, spec.custom_objects))
     if resumed:
         log.warning(
             "worker %d resuming from checkpoint %s at epoch %d, step %d (global step %d)",
