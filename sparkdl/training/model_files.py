@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from sparkdl.errors import DataError
 from sparkdl.storage import (
     atomic_path,
     child,
+    delete,
     download,
     local_path,
     make_dirs,
@@ -52,9 +53,6 @@ class ModelRef:
     uri: str
     sha256: str
     size: int
-
-    def describe(self) -> str:
-        return f"{self.uri} ({self.size / 1e6:.1f} MB)"
 
 
 def write_model_bytes(data: bytes, directory: str) -> ModelRef:
@@ -127,22 +125,31 @@ def _check(ref: ModelRef, digest: str, size: int) -> None:
         )
 
 
-def load_model(ref: ModelRef, custom_objects: dict[str, Any] | None = None) -> keras.Model:
-    """The model in ``ref``'s file, checked against the reference; read from disk, with no
-    copy of the file in memory (a remote file is downloaded to a temporary file first)."""
-    from sparkdl.training.serialization import load_model_file
-
+@contextlib.contextmanager
+def _checked_file(ref: ModelRef) -> Iterator[Path]:
+    """``ref``'s file as a local path, checked against the reference: the file itself on a
+    local filesystem, else a temporary download of it (removed after the block)."""
     local = local_path(ref.uri)
     if local is not None:
         if not local.is_file():
             raise DataError(f"model file {ref.uri} does not exist")
         _check(ref, *_sha256(local))
-        return load_model_file(local, custom_objects)
+        yield local
+        return
     with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
         copy = Path(tmp, "model.keras")
         download(ref.uri, copy)
         _check(ref, *_sha256(copy))
-        return load_model_file(copy, custom_objects)
+        yield copy
+
+
+def load_model(ref: ModelRef, custom_objects: dict[str, Any] | None = None) -> keras.Model:
+    """The model in ``ref``'s file, checked against the reference; read from disk, with no
+    copy of the file in memory (a remote file is downloaded to a temporary file first)."""
+    from sparkdl.training.serialization import load_model_file
+
+    with _checked_file(ref) as path:
+        return load_model_file(path, custom_objects)
 
 
 def load_weights(model: keras.Model, ref: ModelRef) -> None:
@@ -150,25 +157,14 @@ def load_weights(model: keras.Model, ref: ModelRef) -> None:
     was trained from: same structure, optimizer built), checked against the reference."""
     from sparkdl.training.serialization import load_weights_file
 
-    local = local_path(ref.uri)
-    if local is not None:
-        if not local.is_file():
-            raise DataError(f"model file {ref.uri} does not exist")
-        _check(ref, *_sha256(local))
-        load_weights_file(model, local)
-        return
-    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
-        copy = Path(tmp, "model.keras")
-        download(ref.uri, copy)
-        _check(ref, *_sha256(copy))
-        load_weights_file(model, copy)
+    with _checked_file(ref) as path:
+        load_weights_file(model, path)
 
 
 def delete_model(ref: ModelRef) -> None:
     """Remove ``ref``'s file if it is there (a failure is not an error: it is temporary)."""
-    with contextlib.suppress(OSError, DataError):
-        fs, path = resolve(ref.uri)
-        fs.delete_file(path)
+    with contextlib.suppress(DataError):
+        delete(ref.uri)
 
 
 def weights_digest(model: keras.Model) -> str:
