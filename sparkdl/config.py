@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (
@@ -25,7 +25,11 @@ from pydantic import (
 )
 
 from sparkdl.errors import ConfigurationError
+from sparkdl.fit_options import YAML_KEYS, FitOptions
 from sparkdl.session import DEFAULT_APP_NAME, DEFAULT_MASTER
+
+if TYPE_CHECKING:
+    import keras
 
 #: The longest ``cluster.timeout_s`` (about 11.6 days): the waits it bounds double it, and
 #: Python's own waits refuse timeouts above ``threading.TIMEOUT_MAX`` (about 9.2e9 s).
@@ -231,7 +235,10 @@ class ElasticConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    """The training master and its schedule."""
+    """The training master and its schedule. The keys that are fit options
+    (:data:`sparkdl.fit_options.YAML_KEYS`) take their defaults from
+    :class:`~sparkdl.fit_options.FitOptions`, but ``epochs`` (a job trains 10 unless told,
+    Keras's ``fit`` 1)."""
 
     mode: Literal["auto", "sharing", "averaging", "dense"] = Field(
         default="auto",
@@ -267,15 +274,15 @@ class TrainingConfig(_Section):
     averaging_frequency: int = Field(default=5, ge=1)
     save_updater: bool = True
     report_score_after_averaging: bool = False
-    checkpoint_dir: str | None = None
+    checkpoint_dir: str | None = FitOptions.checkpoint_dir
     store: str | None = Field(
         default=None,
         description="run store for shards written from DataFrames (fit/evaluate on a "
         "DataFrame, KerasEstimator): a filesystem URI on shared storage; None: a temporary "
         "directory, local masters only",
     )
-    checkpoint_every: int = Field(default=1, ge=1)
-    checkpoint_unit: Literal["epochs", "steps"] = "epochs"
+    checkpoint_every: int = Field(default=FitOptions.checkpoint_every, ge=1)
+    checkpoint_unit: Literal["epochs", "steps"] = Field(default=FitOptions.checkpoint_unit)
     elastic: ElasticConfig | None = Field(
         default=None,
         description="when a host is lost for good, continue with the workers left "
@@ -286,33 +293,52 @@ class TrainingConfig(_Section):
         description="'test' (the ETL's test shards), 'none', or the URI of shards to validate "
         "on at the end of every validation_freq-th epoch",
     )
-    validation_freq: int = Field(default=1, ge=1)
-    verbose: Literal["auto", 0, 1, 2] = "auto"
+    validation_freq: int = Field(default=FitOptions.validation_freq, ge=1)
+    verbose: Literal["auto", 0, 1, 2] = Field(default=FitOptions.verbose)
     log_every_steps: int | None = Field(
-        default=None, ge=0,
+        default=FitOptions.log_every_steps, ge=0,
         description="step events to the driver's callbacks every N steps (None: automatic)",
     )
     tensorboard_dir: str | None = None
     shuffle: Literal["global", "window", "none"] = Field(
-        default="global",
+        default=FitOptions.shuffle,
         description="'global': a new seeded assignment of row groups to workers every epoch "
         "plus the in-worker window; 'window': the in-worker window only; 'none': file order",
     )
     accumulate_steps: int = Field(
-        default=1, ge=1,
+        default=FitOptions.accumulate_steps, ge=1,
         description="mode dense: exchange once every k steps (micro-batches), the mean of "
         "their gradients (Horovod's backward_passes_per_step)",
     )
     class_weight: dict[int, float] | None = Field(
-        default=None,
+        default=FitOptions.class_weight,
         description="Keras's class_weight: {class index: weight}, each training row's loss "
         "and metrics weighted by its class's weight (classes not named: 1)",
     )
     timeline: str | None = Field(
-        default=None, min_length=1,
+        default=FitOptions.timeline, min_length=1,
         description="a directory URI: every worker writes a Chrome trace (chrome://tracing, "
         "ui.perfetto.dev) of its steps there, rank-<N>.json",
     )
+
+    def fit_options(
+        self,
+        *,
+        validation_data: str | None = None,
+        callbacks: Sequence[keras.callbacks.Callback] | None = None,
+        resume: bool = False,
+    ) -> FitOptions:
+        """This section as ``fit``'s options: every key that names one
+        (:data:`sparkdl.fit_options.YAML_KEYS`; its URIs made absolute), plus what a section
+        does not hold."""
+        from sparkdl.storage import as_uri
+
+        values = {name: getattr(self, name) for name in YAML_KEYS}
+        for name in ("checkpoint_dir", "timeline"):
+            if values[name]:
+                values[name] = as_uri(values[name])
+        return FitOptions(**values, validation_data=validation_data, callbacks=callbacks,
+                          resume=resume)
 
     @model_validator(mode="after")
     def _overlap_mode(self) -> TrainingConfig:
@@ -381,10 +407,10 @@ class TrainingConfig(_Section):
         return value
 
     prefetch: int = Field(
-        default=4, ge=1,
+        default=FitOptions.prefetch, ge=1,
         description="row groups each worker decodes ahead (DL4J's workerPrefetchNumBatches)",
     )
-    decode_threads: int = Field(default=2, ge=1)
+    decode_threads: int = Field(default=FitOptions.decode_threads, ge=1)
 
 
 class EvaluationConfig(_Section):

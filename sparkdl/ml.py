@@ -256,6 +256,23 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
                 describe_validation_error(exc, "KerasEstimator.trainingConfig")
             ) from None
 
+    def fit_options(self, training: TrainingConfig) -> dict[str, Any]:
+        """``fit``'s options: every one ``trainingConfig`` holds (its ``epochs``, ``shuffle``,
+        ``prefetch``, ``checkpoint_dir``, ``accumulate_steps``, ...), with the ``verbose``,
+        ``classWeight`` and ``callbacks`` Params; ``verbose`` is the Param's (default 0: an
+        estimator is quiet) unless only ``trainingConfig`` names it."""
+        from sparkdl.fit_options import YAML_KEYS
+
+        options = training.fit_options(
+            callbacks=list(self.getOrDefault(self.callbacks) or []) or None)
+        keywords = {name: getattr(options, name) for name in YAML_KEYS}
+        keywords["callbacks"] = options.callbacks
+        if self.isSet(self.verbose) or "verbose" not in self.getOrDefault(self.trainingConfig):
+            keywords["verbose"] = self.getOrDefault(self.verbose)
+        if self.getOrDefault(self.classWeight):
+            keywords["class_weight"] = self.getOrDefault(self.classWeight)
+        return keywords
+
     def fitMultiple(
         self, dataset: DataFrame, paramMaps: Sequence[dict[Param, Any]],
     ) -> Iterator[tuple[int, KerasModel]]:
@@ -311,13 +328,8 @@ class KerasEstimator(_KerasParams, HasLabelCol, Estimator, MLWritable, MLReadabl
         key = (tuple(sorted(write.items())), weight_col, self.getOrDefault(self.validation),
                self.getOrDefault(self.seed), training.num_workers)
         train, held_out = split() if shared is None else shared.get(key, split)
-        history = spark_model.fit(
-            train, epochs=training.epochs, **write, verbose=self.getOrDefault(self.verbose),
-            validation_data=held_out,
-            callbacks=list(self.getOrDefault(self.callbacks) or []) or None,
-            sample_weight_col=weight_col,
-            class_weight=self.getOrDefault(self.classWeight) or None,
-        )
+        history = spark_model.fit(train, **write, validation_data=held_out,
+                                  sample_weight_col=weight_col, **self.fit_options(training))
         spec = spark_model.label_spec
         fitted = KerasModel(
             spark_model.model, featuresCol=self.getFeaturesCol(),

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
     from sparkdl.data.frames import FeaturesCol, LabelSpec
     from sparkdl.etl.normalizers import Normalizer
+    from sparkdl.fit_options import FitOptions
     from sparkdl.spark.launcher import SparkLauncher
-    from sparkdl.training.driver.fit import FitOptions
     from sparkdl.training.driver.run_fit import FitResult
     from sparkdl.training.model_files import ModelRef
 

@@ -129,7 +129,6 @@ def _train(
     from sparkdl.data.files import read_metadata
     from sparkdl.models import build_model
     from sparkdl.spark_model import SparkModel
-    from sparkdl.training.driver.fit import FitOptions
     from sparkdl.training.masters import master_from_training_config
 
     metadata = read_metadata(train_uri)
@@ -157,8 +156,8 @@ def _train(
 
         callbacks.append(TensorBoardScalars(as_uri(training.tensorboard_dir),
                                             update_freq=training.log_every_steps or None))
-    fit = spark_model.fit_with(train_uri, FitOptions.from_training_config(
-        training, validation_data=validation_uri(config), callbacks=callbacks, resume=resume,
+    fit = spark_model.fit_with(train_uri, training.fit_options(
+        validation_data=validation_uri(config), callbacks=callbacks, resume=resume,
     ))
     new = out.staging  # nothing in output.dir changes until the whole unit is ready
     spark_model.model.save(new / MODEL_FILE)

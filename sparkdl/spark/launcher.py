@@ -219,7 +219,7 @@ class SparkLauncher:
                             "(was %d) after: %s", new_world, world, exc)
                 latest = store.latest(checkpoint.run_id)
                 position = (latest.state.epoch, latest.state.step_in_epoch) if latest \
-                    else (spec.initial_epoch, 0)
+                    else (spec.options.initial_epoch, 0)
                 # every relaunch is an event, at the same world size too
                 self.elastic_events.append(ElasticEvent(
                     *position, world, new_world, short(str(exc))
@@ -286,7 +286,7 @@ def retry_event(spec: WorkerSpec, results: list[WorkerResult], failures: list[st
     """Spark's retry of a failed training stage, as an :class:`ElasticEvent` at the same world
     size: at the checkpoint the successful attempt resumed from (its global step, under the
     stage's plan), or at the fit's start without one; caused by the failed tasks."""
-    epoch, step = spec.initial_epoch, 0
+    epoch, step = spec.options.initial_epoch, 0
     found = _CHECKPOINT_STEP.search(results[0].resumed_from or "") if results else None
     if found and spec.steps_per_epoch > 0:
         epoch, step = divmod(int(found.group(1)), spec.steps_per_epoch)

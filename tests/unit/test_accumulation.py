@@ -148,7 +148,7 @@ class _NeverLaunched:
 def _fit_until_launch(tmp_path, master, accumulate: int, epochs: int, model=None):  # type: ignore[no-untyped-def]
     from test_data_reader import make_shards
 
-    from sparkdl.training.driver.fit import FitOptions
+    from sparkdl.fit_options import FitOptions
     from sparkdl.training.driver.run_fit import run_fit
 
     uri, _ = make_shards(tmp_path / "train", [[16, 16], [16, 16]])  # 64 rows

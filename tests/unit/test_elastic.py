@@ -14,6 +14,7 @@ from sparkdl.compression.threshold import FixedThreshold
 from sparkdl.config import load_config
 from sparkdl.data.metadata import FORMAT_VERSION, ShardFile, ShardMetadata
 from sparkdl.errors import ConfigurationError
+from sparkdl.fit_options import FitOptions
 from sparkdl.report import build_report
 from sparkdl.training.elastic import (
     RESIDUAL_SUFFIX,
@@ -96,7 +97,7 @@ def _spec(num_workers: int) -> WorkerSpec:
                          label_shape=[], num_rows=1200, files=files)
     config = {"mode": "dense", "num_workers": num_workers, "batch_size_per_worker": 10}
     spec = WorkerSpec(ModelRef("file:///m.keras", "0" * 64, 1), "file:///models", config,
-                      "file:///x", meta.to_json(), [], 0, 3, 1)
+                      "file:///x", meta.to_json(), [], 0, 1, FitOptions(epochs=3))
     return replan(spec, num_workers)
 
 
@@ -210,7 +211,7 @@ class _Spec:
 
     slices: list
     checkpoint: object
-    initial_epoch: int = 0
+    options: FitOptions = dataclasses.field(default_factory=FitOptions)
     elastic: bool = False
 
 
@@ -230,12 +231,13 @@ def test_a_retried_stage_is_an_elastic_event_at_the_checkpoint_it_resumed_from()
         resumed_from = "file:///ckpt/ckpt-0000000013"
 
     spec = WorkerSpec.__new__(WorkerSpec)
-    spec.__dict__.update(slices=[object(), object()], steps_per_epoch=5, initial_epoch=0)
+    spec.__dict__.update(slices=[object(), object()], steps_per_epoch=5,
+                         options=FitOptions(epochs=3))
     event = retry_event(spec, [Result()], ["rank 1 on exec-2: OSError: lost"])
     assert event.to_dict() == {"epoch": 2, "step": 3, "from_workers": 2, "to_workers": 2,
                                "cause": "rank 1 on exec-2: OSError: lost"}
     Result.resumed_from = None  # no checkpoint: the retry started over
-    spec.initial_epoch = 1
+    spec.options.initial_epoch = 1
     assert (retry_event(spec, [Result()], ["x"]).epoch,
             retry_event(spec, [Result()], ["x"]).step) == (1, 0)
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sparkdl.config import TrainingConfig
-from sparkdl.training.driver.fit import FitOptions
+from sparkdl.fit_options import FitOptions
 from sparkdl.training.masters import SharedTrainingMaster
 from sparkdl.training.summary import FitMetrics, WorkerResult, summarize_fit
 from sparkdl.training.worker.loop import CallbackList, LoopResult, WorkerCallback
@@ -98,8 +98,7 @@ def test_fit_options_from_a_jobs_training_section(tmp_path) -> None:
         "checkpoint_unit": "steps", "prefetch": 7, "timeline": str(tmp_path / "trace"),
         "validation_freq": 2, "log_every_steps": 5,
     })
-    options = FitOptions.from_training_config(training, validation_data="file:///v",
-                                              resume=True)
+    options = training.fit_options(validation_data="file:///v", resume=True)
     options.check()
     assert (options.epochs, options.checkpoint_every, options.checkpoint_unit) == (3, 2, "steps")
     assert options.checkpoint_dir == (tmp_path / "ckpt").as_uri()
@@ -115,8 +114,28 @@ def test_the_launchers_and_the_seam_import_no_tensorflow() -> None:
     import sys
 
     code = ("import sys, sparkdl.spark_model, sparkdl.parallel, sparkdl.training.driver.keras_fit, "
-            "sparkdl.training.driver.fit, sparkdl.training.driver.launcher, sparkdl.run_layout; "
+            "sparkdl.fit_options, sparkdl.training.driver.launcher, sparkdl.run_layout; "
             "print(sorted(m for m in ('keras', 'tensorflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_fit_keywords_and_the_yaml_keys_are_fit_options_with_their_defaults() -> None:
+    """Each option is defined once, in FitOptions: ``fit()``'s keywords are its fields with its
+    defaults, and the training section's keys of the same names default to them (but
+    ``epochs``: a job trains 10 unless told)."""
+    import dataclasses
+    import inspect
+
+    from sparkdl.fit_options import YAML_KEYS
+    from sparkdl.training.driver.keras_fit import KerasFit
+
+    defaults = {f.name: f.default for f in dataclasses.fields(FitOptions)}
+    signature = inspect.signature(KerasFit.fit).parameters
+    assert {name: p.default for name, p in signature.items() if name not in ("self", "data")} \
+        == defaults
+    section = TrainingConfig()
+    assert {name: getattr(section, name) for name in YAML_KEYS if name != "epochs"} == {
+        name: defaults[name] for name in YAML_KEYS if name != "epochs"}
+    assert section.fit_options() == dataclasses.replace(FitOptions(), epochs=10)

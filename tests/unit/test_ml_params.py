@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 import pytest
 
+from sparkdl.config import TrainingConfig
 from sparkdl.ml import KerasEstimator
 
 
@@ -36,3 +37,32 @@ def test_params_of_the_right_kind_are_kept() -> None:
     assert estimator.getOrDefault("callbacks") == [stop]
     assert estimator.getCustomObjects() == {"Dense": keras.layers.Dense}
     assert estimator.getOrDefault("trainingConfig") == {"mode": "dense"}
+
+
+def test_the_fit_options_of_training_config_reach_the_fit(tmp_path) -> None:
+    """Every fit option ``trainingConfig`` holds reaches ``fit`` (they are one list,
+    ``sparkdl.fit_options.YAML_KEYS``); the Params ``epochs``, ``verbose``,
+    ``classWeight`` and ``callbacks`` win where set."""
+    from sparkdl.fit_options import YAML_KEYS
+    from sparkdl.training.driver.keras_fit import FIT_OPTIONS
+
+    config = {"mode": "dense", "epochs": 3, "prefetch": 7, "decode_threads": 3,
+              "shuffle": "none", "accumulate_steps": 2, "checkpoint_every": 2,
+              "checkpoint_dir": str(tmp_path / "ckpt"), "class_weight": {0: 2.0},
+              "validation_freq": 2, "log_every_steps": 5}
+    estimator = KerasEstimator(model=_model(), trainingConfig=config)
+    keywords = estimator.fit_options(estimator.training_config())
+    assert set(keywords) == {*YAML_KEYS, "callbacks"} and set(keywords) <= set(FIT_OPTIONS)
+    assert {k: keywords[k] for k in config if k not in ("mode", "checkpoint_dir")} == {
+        k: v for k, v in config.items() if k not in ("mode", "checkpoint_dir")}
+    assert keywords["checkpoint_dir"] == (tmp_path / "ckpt").as_uri()
+    assert keywords["verbose"] == 0 and keywords["callbacks"] is None  # an estimator is quiet
+
+    stop = keras.callbacks.EarlyStopping()
+    estimator = KerasEstimator(model=_model(), trainingConfig={**config, "verbose": 2},
+                               epochs=5, classWeight={1: 3.0}, callbacks=[stop])
+    keywords = estimator.fit_options(estimator.training_config())
+    assert keywords["epochs"] == 5 and keywords["class_weight"] == {1: 3.0}
+    assert keywords["verbose"] == 2 and keywords["callbacks"] == [stop]
+    assert KerasEstimator(model=_model(), trainingConfig={"verbose": 2}, verbose=1).fit_options(
+        TrainingConfig.model_validate({"verbose": 2}))["verbose"] == 1

@@ -163,7 +163,7 @@ def test_collectives_record_their_message_and_the_bytes_they_moved() -> None:
 
 def test_fit_options_and_config_reject_a_bad_timeline() -> None:
     from sparkdl.config import load_config
-    from sparkdl.training.driver.fit import FitOptions
+    from sparkdl.fit_options import FitOptions
 
     with pytest.raises(ConfigurationError, match="timeline must be a directory URI"):
         FitOptions(timeline=5).check()  # type: ignore[arg-type]

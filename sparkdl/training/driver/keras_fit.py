@@ -1,15 +1,20 @@
 """``fit`` as Keras's, shared by ``SparkModel`` and ``ParallelWrapper`` (no TensorFlow at
-import): :class:`KerasFit` builds the :class:`~sparkdl.training.driver.fit.FitOptions` once and runs
+import): :class:`KerasFit` builds the :class:`~sparkdl.fit_options.FitOptions` once and runs
 :func:`sparkdl.training.driver.run_fit.run_fit` with the class's
 :class:`~sparkdl.training.driver.launcher.Launcher`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.driver.fit import FitOptions
+from sparkdl.fit_options import FitOptions
+
+#: ``fit()``'s keywords beyond the data: :class:`FitOptions`' fields, whose defaults (the
+#: dataclass's class attributes) are the keywords' defaults too.
+FIT_OPTIONS = tuple(field.name for field in fields(FitOptions))
 
 if TYPE_CHECKING:
     import keras
@@ -39,25 +44,25 @@ class KerasFit:
     def fit(
         self,
         data: str,
-        epochs: int = 1,
+        epochs: int = FitOptions.epochs,
         *,
-        validation_data: str | None = None,
-        validation_freq: int = 1,
-        validation_batch_size: int = 256,
-        callbacks: Sequence[keras.callbacks.Callback] | None = None,
-        verbose: int | str = "auto",
-        initial_epoch: int = 0,
-        shuffle: bool | str = True,
-        log_every_steps: int | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int = 1,
-        checkpoint_unit: str = "epochs",
-        resume: bool = False,
-        prefetch: int = 4,
-        decode_threads: int = 2,
-        timeline: str | None = None,
-        class_weight: dict[int, float] | None = None,
-        accumulate_steps: int = 1,
+        validation_data: str | None = FitOptions.validation_data,
+        validation_freq: int = FitOptions.validation_freq,
+        validation_batch_size: int = FitOptions.validation_batch_size,
+        callbacks: Sequence[keras.callbacks.Callback] | None = FitOptions.callbacks,
+        verbose: int | str = FitOptions.verbose,
+        initial_epoch: int = FitOptions.initial_epoch,
+        shuffle: bool | str = FitOptions.shuffle,
+        log_every_steps: int | None = FitOptions.log_every_steps,
+        checkpoint_dir: str | None = FitOptions.checkpoint_dir,
+        checkpoint_every: int = FitOptions.checkpoint_every,
+        checkpoint_unit: str = FitOptions.checkpoint_unit,
+        resume: bool = FitOptions.resume,
+        prefetch: int = FitOptions.prefetch,
+        decode_threads: int = FitOptions.decode_threads,
+        timeline: str | None = FitOptions.timeline,
+        class_weight: dict[int, float] | None = FitOptions.class_weight,
+        accumulate_steps: int = FitOptions.accumulate_steps,
     ) -> FitResult:
         """Train on the shard directory ``data``, as Keras's ``Model.fit`` does.
 
@@ -104,19 +109,12 @@ class KerasFit:
                 of their gradients: dense training's equivalent of a batch this many times
                 larger (Horovod's ``backward_passes_per_step``).
         """
-        return self.fit_with(data, FitOptions(
-            epochs=epochs, validation_data=validation_data, validation_freq=validation_freq,
-            validation_batch_size=validation_batch_size, callbacks=callbacks, verbose=verbose,
-            initial_epoch=initial_epoch, shuffle=shuffle, log_every_steps=log_every_steps,
-            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-            checkpoint_unit=checkpoint_unit, resume=resume, prefetch=prefetch,
-            decode_threads=decode_threads, timeline=timeline, class_weight=class_weight,
-            accumulate_steps=accumulate_steps,
-        ))
+        given = locals()
+        return self.fit_with(data, FitOptions(**{name: given[name] for name in FIT_OPTIONS}))
 
     def fit_with(self, data: str, options: FitOptions) -> FitResult:
         """:meth:`fit` with its options built already (e.g.
-        :meth:`FitOptions.from_training_config`)."""
+        :meth:`sparkdl.config.TrainingConfig.fit_options`)."""
         if not isinstance(data, str):
             raise ConfigurationError(
                 f"fit() takes the URI of a shard directory, got {type(data).__name__}"

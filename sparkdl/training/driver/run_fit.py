@@ -1,7 +1,7 @@
 """The driver's side of a fit, shared by every launcher (Spark barrier stage, local processes).
 
 :class:`~sparkdl.training.driver.keras_fit.KerasFit` (the Keras-shaped ``fit`` of ``SparkModel``
-and ``ParallelWrapper``) builds the :class:`~sparkdl.training.driver.fit.FitOptions` once and calls
+and ``ParallelWrapper``) builds the :class:`~sparkdl.fit_options.FitOptions` once and calls
 :func:`run_fit`, which checks them, builds the
 :class:`~sparkdl.training.worker.run_worker.WorkerSpec`
 once, opens the event channel, runs the workers through a
@@ -25,7 +25,7 @@ import keras
 import numpy as np
 
 from sparkdl.errors import ConfigurationError
-from sparkdl.training.driver.fit import FitOptions
+from sparkdl.fit_options import FitOptions
 from sparkdl.training.driver.launcher import ChannelSettings, Launcher
 from sparkdl.training.summary import WorkerResult, dense_bytes_per_step, summarize_fit
 
@@ -101,6 +101,7 @@ def run_fit(
     verbose = resolve_verbose(options.verbose)
     metadata = read_metadata(data_uri)
     class_weight = check_class_weight(options.class_weight, metadata, data_uri)
+    shuffle = shuffle_mode(options.shuffle)
     if options.accumulate_steps > 1 and master.mode != "dense":
         raise ConfigurationError(
             f"accumulate_steps={options.accumulate_steps} applies to dense training (mode "
@@ -117,13 +118,9 @@ def run_fit(
     try:
         spec = make_worker_spec(
             initial, model_dir, master, data_uri, metadata,
-            epochs=options.epochs,
+            options.for_workers(shuffle=shuffle, class_weight=class_weight),
             custom_objects=custom_objects, threads=launcher.threads_per_worker,
-            shuffle=shuffle_mode(options.shuffle), checkpoint=checkpoint,
-            initial_epoch=options.initial_epoch,
-            validation=validation, prefetch=options.prefetch, decode_threads=options.decode_threads,
-            timeline=options.timeline, class_weight=class_weight,
-            accumulate_steps=options.accumulate_steps,
+            checkpoint=checkpoint, validation=validation,
         )
         _check_schedule(model, master, options, spec.steps_per_epoch)
         if log_every is None:  # a progress bar moves ~20 times an epoch; else epoch events only
@@ -167,7 +164,7 @@ def run_fit(
 
         steps_per_epoch = replan(spec, len(results)).steps_per_epoch
     history.metrics = summarize_fit(results, master, steps_per_epoch, wall)
-    history.metrics.shuffle = spec.shuffle
+    history.metrics.shuffle = shuffle
     history.metrics.rows_dropped_per_epoch = rows_dropped_per_epoch(
         metadata, len(results), master.batch_size_per_worker, steps_per_epoch)
     events = list(getattr(launcher, "elastic_events", []))

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from sparkdl.data.metadata import ShardMetadata
     from sparkdl.data.reader import WorkerSlice
+    from sparkdl.fit_options import FitOptions
     from sparkdl.training.exchanges.exchange import StepResult, UpdateExchange
     from sparkdl.training.masters import TrainingMaster
     from sparkdl.training.model_files import ModelRef
@@ -86,20 +87,13 @@ class WorkerSpec:
     metadata_json: str
     slices: list[WorkerSlice]  # one per rank
     steps_per_epoch: int
-    epochs: int
     job_id: int
+    options: FitOptions  # the fit's (FitOptions.for_workers: no callbacks, shuffle resolved)
     custom_objects: dict[str, object] | None = None
     threads: int = 1
-    shuffle: str = "global"  # sparkdl.data.reader.SHUFFLE_MODES
     checkpoint: CheckpointSpec | None = None
-    initial_epoch: int = 0
     validation: ValidationSpec | None = None
     events: EventsSpec | None = None
-    prefetch: int = 4
-    decode_threads: int = 2
-    timeline: str | None = None  # URI: write a Chrome trace per rank there
-    class_weight: dict[int, float] | None = None  # Keras's class_weight, checked
-    accumulate_steps: int = 1  # exchange once every this many micro-batches
     elastic: bool = False  # the ranks report their world size per epoch
 
     @property
@@ -130,22 +124,16 @@ def make_worker_spec(
     master: TrainingMaster,
     data_uri: str,
     metadata: ShardMetadata,
+    options: FitOptions,
     *,
-    epochs: int,
     custom_objects: dict[str, object] | None,
     threads: int,
-    shuffle: str,
     checkpoint: CheckpointSpec | None = None,
-    initial_epoch: int = 0,
     validation: ValidationSpec | None = None,
-    prefetch: int = 4,
-    decode_threads: int = 2,
-    timeline: str | None = None,
-    class_weight: dict[int, float] | None = None,
-    accumulate_steps: int = 1,
 ) -> WorkerSpec:
     """Plan every worker's slice of the shards; ``model`` is the model's file, ``model_dir``
-    where rank 0 writes the trained one."""
+    where rank 0 writes the trained one, ``options`` the fit's as the workers get them
+    (:meth:`FitOptions.for_workers`)."""
     import secrets
 
     from sparkdl.data.reader import plan_slices
@@ -165,19 +153,12 @@ def make_worker_spec(
         metadata_json=metadata.to_json(),
         slices=slices,
         steps_per_epoch=steps_per_epoch,
-        epochs=epochs,
         job_id=secrets.randbits(63),
+        options=options,
         custom_objects=custom_objects,
         threads=threads,
-        shuffle=shuffle,
         checkpoint=checkpoint,
-        initial_epoch=initial_epoch,
         validation=validation,
-        prefetch=prefetch,
-        decode_threads=decode_threads,
-        timeline=timeline,
-        class_weight=class_weight,
-        accumulate_steps=accumulate_steps,
     )
 
 
@@ -312,10 +293,11 @@ def run_worker(
     """Train on this worker's slice; returns its measurements (rank 0 adds the model).
 
     ``secret`` authenticates rank 0's event channel to the driver (``spec.events``).
-    With ``spec.timeline`` it records the fit (see :mod:`sparkdl.training.worker.timeline`) and
-    writes the trace at the end, also when the fit fails.
+    With ``spec.options.timeline`` it records the fit (see
+    :mod:`sparkdl.training.worker.timeline`) and writes the trace at the end, also when the
+    fit fails.
     """
-    if not spec.timeline:
+    if not spec.options.timeline:
         return _run_worker(spec, comm, secret)
     from sparkdl.training.worker.timeline import Timeline, TracedCommunicator, recording
 
@@ -326,11 +308,11 @@ def run_worker(
             result = _run_worker(spec, TracedCommunicator(comm), secret)
     finally:
         try:
-            written = recorder.write(spec.timeline)
+            written = recorder.write(spec.options.timeline)
             log.info("worker %d: timeline written to %s", comm.rank, written)
         except Exception as exc:  # never hide the fit's own outcome
             log.warning("worker %d: could not write the timeline to %s: %s",
-                        comm.rank, spec.timeline, exc)
+                        comm.rank, spec.options.timeline, exc)
     result.timeline = written
     return result
 
@@ -354,7 +336,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         store = CheckpointStore(spec.checkpoint.uri)
         store.check_failure()
         resumed = store.latest(run_id)
-    start = resumed.state if resumed else TrainingState(run_id, 0, spec.initial_epoch, 0)
+    start = resumed.state if resumed else TrainingState(run_id, 0, spec.options.initial_epoch, 0)
     if resumed and start.steps_per_epoch not in (0, spec.steps_per_epoch):
         start = _replanned_position(start, spec.steps_per_epoch)
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
@@ -368,7 +350,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         )
     metadata = ShardMetadata.from_json(spec.metadata_json)
     exchange = master.create_exchange(model, comm, job_id=spec.job_id)
-    exchange.accumulate(spec.accumulate_steps)
+    exchange.accumulate(spec.options.accumulate_steps)
     if resumed:
         assert store is not None
         _restore_exchange_state(exchange, _saved_states(resumed, store, comm), comm.rank)
@@ -376,7 +358,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         metadata, comm.world_size, master.batch_size_per_worker, spec.steps_per_epoch))
     callbacks = CallbackList([dropped, *_worker_callbacks(spec, comm, secret, store)])
     epoch_slices = None
-    if spec.shuffle == "global":
+    if spec.options.shuffle == "global":
         epoch_slices = global_shuffle(metadata, comm.world_size, master.batch_size_per_worker,
                                       comm.rank, master.seed)
     reader = ShardReader(
@@ -385,17 +367,17 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         spec.slices[comm.rank],
         master.batch_size_per_worker,
         spec.steps_per_epoch,
-        shuffle=spec.shuffle != "none",
+        shuffle=spec.options.shuffle != "none",
         seed=master.seed,
         epoch_slices=epoch_slices,
-        prefetch=spec.prefetch,
-        decode_threads=spec.decode_threads,
+        prefetch=spec.options.prefetch,
+        decode_threads=spec.options.decode_threads,
     )
     batches: Any = reader.epoch
-    if spec.class_weight:  # Keras's class_weight: per-row sample weights of the labels
+    if spec.options.class_weight:  # Keras's class_weight: per-row sample weights of the labels
         from sparkdl.training.weights import class_weight_table, with_class_weights
 
-        table = class_weight_table(spec.class_weight, metadata.num_classes)
+        table = class_weight_table(spec.options.class_weight, metadata.num_classes)
         batches = lambda epoch: with_class_weights(reader.epoch(epoch), table)  # noqa: E731
     global_step_at_start = start.epoch * spec.steps_per_epoch + start.step_in_epoch
     try:
@@ -403,7 +385,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
             exchange,
             comm,
             batches,
-            epochs=spec.epochs,
+            epochs=spec.options.epochs,
             steps_per_epoch=spec.steps_per_epoch,
             batch_size=master.batch_size_per_worker,
             start_epoch=start.epoch,

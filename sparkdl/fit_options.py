@@ -1,10 +1,18 @@
-"""What a fit takes, spelled once: :class:`FitOptions`, ``fit``'s arguments beyond the data,
-built from ``fit()``'s keywords or a job's ``training`` section (imports no TensorFlow)."""
+"""What a fit takes, defined once: :class:`FitOptions`, ``fit``'s arguments beyond the data,
+with their defaults and their checks.
+
+Every way into a fit builds one: ``fit()``'s keywords (their defaults are read from here),
+a job's ``training`` section (:meth:`sparkdl.config.TrainingConfig.fit_options`; its keys
+of the same names take their defaults from here too) and ``KerasEstimator``'s Params
+(through its ``trainingConfig``). The workers get the same object (``WorkerSpec.options``),
+its callbacks left on the driver. Imports no TensorFlow, no Spark and no NumPy: ``config``
+builds on it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from sparkdl.errors import ConfigurationError
@@ -12,12 +20,11 @@ from sparkdl.errors import ConfigurationError
 if TYPE_CHECKING:
     import keras
 
-    from sparkdl.config import TrainingConfig
-
 
 @dataclass
 class FitOptions:
-    """``fit``'s arguments beyond the data, checked once (see ``KerasFit.fit``)."""
+    """``fit``'s arguments beyond the data, with their defaults; each is described in
+    :meth:`sparkdl.training.driver.keras_fit.KerasFit.fit`, whose keywords these are."""
 
     epochs: int = 1
     validation_data: str | None = None
@@ -26,7 +33,7 @@ class FitOptions:
     callbacks: Sequence[keras.callbacks.Callback] | None = None
     verbose: int | str = "auto"
     initial_epoch: int = 0
-    shuffle: bool | str = True  # True: "global"; False: "none"; or "global" | "window" | "none"
+    shuffle: bool | str = "global"  # or "window", "none"; True: "global", False: "none"
     log_every_steps: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
@@ -38,38 +45,14 @@ class FitOptions:
     class_weight: dict[int, float] | None = None
     accumulate_steps: int = 1
 
-    @classmethod
-    def from_training_config(
-        cls,
-        training: TrainingConfig,
-        *,
-        validation_data: str | None = None,
-        callbacks: Sequence[keras.callbacks.Callback] | None = None,
-        resume: bool = False,
-    ) -> FitOptions:
-        """A job's ``training`` section as fit options (its URIs made absolute)."""
-        from sparkdl.storage import as_uri
-
-        return cls(
-            epochs=training.epochs,
-            validation_data=validation_data,
-            validation_freq=training.validation_freq,
-            callbacks=callbacks,
-            verbose=training.verbose,
-            log_every_steps=training.log_every_steps,
-            checkpoint_dir=as_uri(training.checkpoint_dir) if training.checkpoint_dir else None,
-            checkpoint_every=training.checkpoint_every,
-            checkpoint_unit=training.checkpoint_unit,
-            resume=resume,
-            prefetch=training.prefetch,
-            decode_threads=training.decode_threads,
-            timeline=as_uri(training.timeline) if training.timeline else None,
-            class_weight=training.class_weight,
-            accumulate_steps=training.accumulate_steps,
-            shuffle=training.shuffle,
-        )
+    def for_workers(self, *, shuffle: str, class_weight: dict[int, float] | None
+                    ) -> FitOptions:
+        """What the workers get: the callbacks stay on the driver; ``shuffle`` resolved to
+        its mode and ``class_weight`` checked against the shards."""
+        return replace(self, callbacks=None, shuffle=shuffle, class_weight=class_weight)
 
     def check(self) -> None:
+        """Refuse a value no fit can use, with one :class:`ConfigurationError` naming it."""
         import keras
 
         for name in ("epochs", "validation_freq", "validation_batch_size", "checkpoint_every",
@@ -113,6 +96,17 @@ class FitOptions:
             from sparkdl.storage import resolve
 
             resolve(self.timeline)  # an unknown filesystem fails here, naming the URI
+
+
+#: The options a job's ``training`` section holds, under the same names (``config.py``'s
+#: ``TrainingConfig`` takes their defaults from :class:`FitOptions`); the others exist only
+#: per call: the validation shards' URI (the section's ``validation`` names them its own
+#: way), the callbacks, ``initial_epoch`` and ``resume`` (the CLI's ``--resume``).
+YAML_KEYS = tuple(
+    field.name for field in fields(FitOptions)
+    if field.name not in ("validation_data", "validation_batch_size", "callbacks",
+                          "initial_epoch", "resume")
+)
 
 
 def _positive_int(name: str, value: object) -> None:
