@@ -261,21 +261,26 @@ def upload(local: str | os.PathLike[str], uri: str) -> None:
         raise DataError(f"cannot write {uri}: {exc}") from None
 
 
+def copy_in(local: str | os.PathLike[str], fs: pafs.FileSystem, path: str) -> None:
+    """Copy the local file ``local`` to ``path`` on ``fs`` in chunks (no copy of it in
+    memory); the caller makes the result visible atomically."""
+    pafs.copy_files(str(local), path, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)
+
+
 def _upload_file(source: Path, fs: pafs.FileSystem, path: str) -> None:
     if renames_atomically(fs):
         head, _, name = path.rpartition("/")
         fs.create_dir(head, recursive=True)
         tmp = f"{head}/{temporary_name(name)}"
         try:
-            pafs.copy_files(str(source), tmp, source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=fs)
+            copy_in(source, fs, tmp)
             fs.move(tmp, path)
         except BaseException:
             _discard(fs, tmp)
             raise
     else:
-        pafs.copy_files(str(source), path, source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=fs)
+        copy_in(source, fs, path)
 
 
 def download(uri: str, local: str | os.PathLike[str]) -> None:

@@ -147,22 +147,30 @@ def test_run_output_on_s3_publishes_marker_last(s3_bucket: str) -> None:
         assert again.fetch("nothing.json") is None
 
 
-def test_checkpoints_on_s3_resume(s3_bucket: str) -> None:
+def test_checkpoints_on_s3_resume(s3_bucket: str, tmp_path) -> None:
+    import numpy as np
+
     from sparkdl.training.worker.checkpoint import CheckpointStore, TrainingState
 
     uri = f"{s3_bucket}/ckpt"
     store = CheckpointStore(uri)
     run_id = store.start_run(resume=False)
     for step in (3, 6, 9):
-        store.save_worker_state(run_id, step, 1, b"rank1-%d" % step)
+        store.save_worker_state(run_id, step, 1, {"residual": np.arange(5.0) * step,
+                                                  "tau": 0.5 * step})
+        model = tmp_path / f"model-{step}.keras"
+        model.write_bytes(b"model-%d" % step)
         store.save(TrainingState(run_id, step, step // 3, 0, [{"loss": 1.0 / step}]),
-                   b"model-%d" % step, keep=2)
+                   model, keep=2)
     again = CheckpointStore(uri)
     assert again.start_run(resume=True) == run_id
     latest = again.latest(run_id)
     assert latest is not None and latest.state.global_step == 9
-    assert latest.model_bytes == b"model-9"
-    assert latest.worker_state(again, 1) == b"rank1-9"
+    with latest.model_file(again) as model_file:  # downloaded from the object store
+        assert model_file.read_bytes() == b"model-9"
+    state = latest.worker_state(again, 1)
+    assert state["tau"] == 4.5 and np.array_equal(state["residual"], np.arange(5.0) * 9)
+    assert latest.worker_state(again, 0) is None
     fs, root = storage.resolve(uri)
     # a checkpoint without state.json (a writer killed mid-way) is never read, then removed
     fs.create_dir(f"{root}/ckpt-0000000012")

@@ -9,22 +9,42 @@ written under a temporary name and renamed when complete, so a worker killed mid
 no checkpoint that looks whole. Any filesystem pyarrow reaches works (local, HDFS, S3,
 fsspec): object stores have no directory rename, so there the files are written in place and
 ``state.json`` last; a checkpoint without it is never read and is removed on the next start.
+
+Nothing model-sized passes through memory twice: the model file is written to local disk by
+:func:`sparkdl.training.serialization.save_model_file` and copied into the store in chunks;
+a rank's state is streamed into its ``.npz`` array by array, in chunks, and read back from
+a seekable stream array by array; a resumed worker loads the model from a local file (the
+checkpoint's own on a local filesystem, else a downloaded copy).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import tempfile
 import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.fs as pafs
 
 from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.run_output import MODEL_FILE
-from sparkdl.storage import move_dir, renames_atomically, resolve, temporary_name, write_bytes
+from sparkdl.storage import (
+    copy_in,
+    local_path,
+    move_dir,
+    renames_atomically,
+    resolve,
+    temporary_name,
+    write_bytes,
+)
 
 log = logging.getLogger("sparkdl.training")
 
@@ -76,14 +96,44 @@ class TrainingState:
 
 @dataclass
 class Checkpoint:
-    path: str
+    path: str  # its URI
     state: TrainingState
-    model_bytes: bytes
 
-    def worker_state(self, store: CheckpointStore, rank: int) -> bytes | None:
-        """This rank's own saved state (residual, optimizer state), if the checkpoint has it."""
-        name = f"{self.path.rsplit('/', 1)[1]}/workers/rank-{rank:05d}"
-        return store._read(name) if store._exists(name) else None
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[1]
+
+    @contextlib.contextmanager
+    def model_file(self, store: CheckpointStore) -> Iterator[Path]:
+        """The checkpoint's ``model.keras`` as a local file while the block runs: the file
+        itself on a local filesystem, else a copy downloaded in chunks and deleted after."""
+        uri = f"{self.path}/{MODEL_FILE}"
+        local = local_path(uri)
+        if local is not None:
+            yield local
+            return
+        with tempfile.TemporaryDirectory(prefix="sparkdl-checkpoint-") as tmp:
+            target = Path(tmp, MODEL_FILE)
+            pafs.copy_files(f"{store.root}/{self.name}/{MODEL_FILE}", str(target),
+                            source_filesystem=store.fs,
+                            destination_filesystem=pafs.LocalFileSystem())
+            yield target
+
+    def worker_state(self, store: CheckpointStore, rank: int) -> dict[str, Any] | None:
+        """Rank ``rank``'s own saved state (residual, threshold, optimizer state: what
+        :meth:`CheckpointStore.save_worker_state` wrote), if the checkpoint has it; read from a
+        seekable stream one array at a time."""
+        name = f"{self.name}/workers/rank-{rank:05d}"
+        if not store._exists(name):
+            return None
+        with store.fs.open_input_file(f"{store.root}/{name}") as stream, \
+                np.load(stream, allow_pickle=False) as saved:
+            return {key: _scalar_or_array(saved[key]) for key in saved.files}
+
+
+def _scalar_or_array(value: np.ndarray) -> Any:
+    """A saved state's 0-d arrays are its numbers."""
+    return value.item() if value.ndim == 0 else value
 
 
 class CheckpointStore:
@@ -122,26 +172,33 @@ class CheckpointStore:
                 state = TrainingState(**json.loads(self._read(f"{name}/{STATE_FILE}")))
                 if state.run_id != run_id:
                     continue
-                return Checkpoint(f"{self.uri}/{name}", state,
-                                  self._read(f"{name}/{MODEL_FILE}"))
+                return Checkpoint(f"{self.uri}/{name}", state)
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("skipping unreadable checkpoint %s/%s: %s", self.uri, name, exc)
         return None
 
     # Writing -----------------------------------------------------------------------------
 
-    def save_worker_state(self, run_id: str, global_step: int, rank: int, data: bytes) -> None:
-        """Stage one rank's own state for the checkpoint at ``global_step`` (every rank calls
-        this before rank 0 calls :meth:`save`, which moves the staged states in)."""
+    def save_worker_state(self, run_id: str, global_step: int, rank: int,
+                          state: Mapping[str, Any]) -> None:
+        """Stage one rank's own state (``UpdateExchange.get_state()``: arrays and numbers)
+        for the checkpoint at ``global_step`` as an ``.npz``, streamed array by array (every
+        rank calls this before rank 0 calls :meth:`save`, which moves the staged states in)."""
         staging = self._staging(run_id, global_step)
         self.fs.create_dir(f"{self.root}/{staging}", recursive=True)
-        self._write_bytes(f"{staging}/rank-{rank:05d}", data)
+        arrays = {key: np.asarray(value) for key, value in state.items()}
+        path = f"{self.root}/{staging}/rank-{rank:05d}"
+        # the staging directory's temporary name keeps a half-written state from being read
+        with self.fs.open_output_stream(path) as stream:
+            np.savez(stream, allow_pickle=False, **arrays)
 
     def _staging(self, run_id: str, global_step: int) -> str:
         return f".workers-{global_step:010d}.tmp-{run_id[:12]}"
 
-    def save(self, state: TrainingState, model_bytes: bytes, keep: int = 2) -> str:
-        """Write a checkpoint atomically; keep only the newest ``keep``."""
+    def save(self, state: TrainingState, model_file: str | os.PathLike[str],
+             keep: int = 2) -> str:
+        """Write a checkpoint atomically, its model copied in chunks from the local file
+        ``model_file``; keep only the newest ``keep``."""
         name = f"ckpt-{state.global_step:010d}"
         renames = renames_atomically(self.fs)
         # where rename is atomic, build the checkpoint aside and rename it into place; on an
@@ -154,7 +211,7 @@ class CheckpointStore:
             staging = self._staging(state.run_id, state.global_step)
             if self._exists(staging):
                 move_dir(self.fs, f"{self.root}/{staging}", f"{self.root}/{tmp}/workers")
-            self._write_bytes(f"{tmp}/{MODEL_FILE}", model_bytes)
+            copy_in(model_file, self.fs, f"{self.root}/{tmp}/{MODEL_FILE}")
             self._write_bytes(f"{tmp}/{STATE_FILE}", json.dumps(asdict(state)).encode())
             if renames:
                 if self._exists(name):

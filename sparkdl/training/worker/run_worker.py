@@ -214,20 +214,27 @@ class Checkpointing(WorkerCallback):
             self._save(loop, epoch + 1, 0)
 
     def _save(self, loop: TrainingLoop, epoch: int, step: int) -> None:
-        from sparkdl.training.serialization import model_to_bytes
+        import tempfile
+        from pathlib import Path
+
+        from sparkdl.run_output import MODEL_FILE
+        from sparkdl.training.serialization import save_model_file
         from sparkdl.training.worker.checkpoint import TrainingState
 
         exchange, comm, global_step = loop.exchange, loop.comm, loop.global_step
         exchange.finish()
         # every rank stages its own exchange state, then rank 0 publishes
-        self.store.save_worker_state(self.run_id, global_step, comm.rank, _worker_state(exchange))
+        self.store.save_worker_state(self.run_id, global_step, comm.rank, exchange.get_state())
         comm.barrier()
         if comm.rank != 0:
             return
         state = TrainingState(self.run_id, global_step, epoch, step, list(loop.history),
                               _exchange_state(exchange), world_size=comm.world_size,
                               steps_per_epoch=loop.steps_per_epoch)
-        path = self.store.save(state, model_to_bytes(exchange.model), keep=self.policy.keep)
+        with tempfile.TemporaryDirectory(prefix="sparkdl-checkpoint-") as tmp:
+            model_file = Path(tmp, MODEL_FILE)
+            save_model_file(exchange.model, model_file)  # through disk, not memory
+            path = self.store.save(state, model_file, keep=self.policy.keep)
         log.info("checkpoint %s written (epoch %d, step %d)", path, epoch, step)
 
 
@@ -325,7 +332,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     from sparkdl.data.reader import ShardReader, global_shuffle, rows_dropped_per_epoch
     from sparkdl.training.exchanges.variables import weights_checksum
     from sparkdl.training.model_files import load_model, write_model
-    from sparkdl.training.serialization import model_from_bytes
+    from sparkdl.training.serialization import load_model_file
     from sparkdl.training.worker.checkpoint import CheckpointStore, TrainingState
 
     master = spec.master
@@ -341,8 +348,12 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
         start = _replanned_position(start, spec.steps_per_epoch)
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
     keras.utils.set_random_seed((master.seed + comm.rank + 7919 * start.global_step) % 2**32)
-    model = (model_from_bytes(resumed.model_bytes, spec.custom_objects) if resumed
-             else load_model(spec.model, spec.custom_objects))
+    if resumed:
+        assert store is not None
+        with resumed.model_file(store) as local:
+            model = load_model_file(local, spec.custom_objects)
+    else:
+        model = load_model(spec.model, spec.custom_objects)
     if resumed:
         log.warning(
             "worker %d resuming from checkpoint %s at epoch %d, step %d (global step %d)",
@@ -448,29 +459,9 @@ def _exchange_state(exchange: UpdateExchange) -> dict[str, Any]:
     }
 
 
-def _worker_state(exchange: UpdateExchange) -> bytes:
-    """This rank's whole exchange state (``exchange.get_state()``: residual, its own threshold
-    state, optimizer variables, ...) as an ``.npz`` (numbers as 0-d arrays)."""
-    import io
-
-    buffer = io.BytesIO()
-    arrays = {key: np.asarray(value) for key, value in exchange.get_state().items()}
-    np.savez(buffer, allow_pickle=True, **arrays)  # numpy's default, spelled for mypy
-    return buffer.getvalue()
-
-
-def _decode_worker_state(data: bytes) -> dict[str, Any]:
-    """:func:`_worker_state` bytes back to a state dict (0-d arrays back to numbers)."""
-    import io
-
-    with np.load(io.BytesIO(data), allow_pickle=False) as saved:
-        state = {key: saved[key] for key in saved.files}
-    return {key: value.item() if value.ndim == 0 else value for key, value in state.items()}
-
-
 def _saved_states(
     resumed: Checkpoint, store: CheckpointStore, comm: Communicator
-) -> list[bytes] | None:
+) -> list[dict[str, Any]] | None:
     """The saved exchange states this rank resumes from: its own, plus, when the checkpoint
     was written by more ranks than there are now (an elastic relaunch), those of the lost
     ranks it absorbs (:func:`sparkdl.training.elastic.absorbed_ranks`). ``None`` when its
@@ -506,7 +497,7 @@ def _replanned_position(start: TrainingState, steps_per_epoch: int) -> TrainingS
 
 
 def _restore_exchange_state(
-    exchange: UpdateExchange, data: list[bytes] | None, rank: int
+    exchange: UpdateExchange, data: list[dict[str, Any]] | None, rank: int
 ) -> None:
     """Give this rank its own saved exchange state back (``data``: the checkpoint's
     ``workers/rank-N``, then those of the lost ranks it absorbs, whose residuals are folded
@@ -521,6 +512,6 @@ def _restore_exchange_state(
         )
         return
     try:
-        exchange.set_state(fold_states([_decode_worker_state(d) for d in data]))
+        exchange.set_state(fold_states(data))
     except (SparkDLError, ValueError, KeyError) as exc:
         raise TrainingError(f"worker {rank}: cannot restore its checkpointed state: {exc}") from exc
