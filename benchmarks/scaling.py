@@ -130,6 +130,10 @@ MODES = ("sharing", "sharing_overlap", "averaging", "dense")
 INPUT_DIM, HIDDEN, CLASSES = 256, 4096, 10
 BATCH = 32
 ROWS = 1280  # 20 steps per epoch with 2 workers, 10 with 4 (a multiple of the averaging f)
+QUICK_ROWS = 640  # --quick: 10 steps per epoch with its 2 workers
+#: --quick: unlimited first, so each fit's warm-up epoch (the pass's first rate) is not spent
+#: at 100 Mbit/s; both kinds of cell (a limited and the unlimited link) are still measured
+QUICK_RATES: tuple[str | None, ...] = (None, "100mbit")
 AVERAGING_FREQUENCY = 5
 COMPUTE_EPOCHS = 6  # the compute-only fit: a warm-up epoch, then the steps C and S come from
 SPARSITY = 1e-3
@@ -183,12 +187,13 @@ def _rate_name(rate: str | None) -> str:
     return rate or "unlimited"
 
 
-def _grid(ranks: int | None) -> None:
-    """The hosts and data size of the run: 2 hosts (the default grid), or ``ranks // 2``
-    hosts x 2 workers for ``--ranks`` (10 steps per epoch at 8 ranks)."""
+def _grid(ranks: int | None, quick: bool = False) -> None:
+    """The hosts and data size of the run: 2 hosts (the default grid; ``--quick``: half the
+    rows, 10 steps per epoch, still a multiple of the averaging f), or ``ranks // 2`` hosts x
+    2 workers for ``--ranks`` (10 steps per epoch at 8 ranks)."""
     global HOSTS, ROWS
     if ranks is None:
-        HOSTS, ROWS = 2, 1280
+        HOSTS, ROWS = 2, QUICK_ROWS if quick else 1280
         return
     if ranks < 4 or ranks % 2:
         raise ValueError(f"--ranks: expected an even number of ranks >= 4, got {ranks}")
@@ -201,9 +206,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     if options.get("cpu_only"):
         return run_cpu_only(options)
     ranks = options.get("ranks")
-    _grid(ranks)
     quick = bool(options.get("quick"))
-    rates = RANKS_RATES if ranks else ("100mbit", None) if quick else RATES
+    _grid(ranks, quick)
+    rates = RANKS_RATES if ranks else QUICK_RATES if quick else RATES
     per_host = (2,) if ranks else (1,) if quick else WORKERS_PER_HOST
     repeats = int(options.get("repeats") or (1 if quick or ranks else 2))
     check_privileges()
@@ -242,7 +247,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         passes = pass_schedules(rates, repeats)
         for wph in per_host:
             with _session(cluster, wph) as spark:
-                uri = uri or _write_data(spark, workdir)
+                uri = uri or _write_data(workdir)
                 cluster.set_rate(None)
                 probes[wph] = shm_links(spark, wph * HOSTS)
                 for rate in rates:  # the link's goodput under the ring's own traffic
@@ -522,7 +527,7 @@ def _session(cluster: Any, workers_per_host: int) -> Iterator[Any]:
     one task (and one TensorFlow thread) per core."""
     from pyspark.sql import SparkSession
 
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[1])  # the checkout this module is in
     # a SparkContext in a running interpreter takes its workers' Python from the environment
     # (spark.pyspark.python is read by spark-submit only)
     os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -561,20 +566,14 @@ def _wait_for_executors(spark: Any, count: int, timeout_s: float = 120.0) -> Non
         time.sleep(0.5)
 
 
-def _write_data(spark: Any, workdir: Path) -> str:
-    import pandas as pd
+def _write_data(workdir: Path) -> str:
+    """The cells' shards (class clusters in 256 dimensions, ``ROWS`` rows in 8 files, row
+    groups of ``BATCH``), written from this process with pyarrow: the hosts share the
+    filesystem, and a Spark job for a few hundred rows cost tens of seconds of executor
+    start-up on a loaded machine."""
+    from benchmarks.timeline import write_shards
 
-    from sparkdl.data.writer import write_shards
-
-    rng = np.random.default_rng(0)
-    centers = rng.normal(0, 1, (CLASSES, INPUT_DIM)).astype(np.float32)
-    y = rng.integers(0, CLASSES, ROWS)
-    x = centers[y] + rng.normal(0, 1, (ROWS, INPUT_DIM)).astype(np.float32)
-    frame = pd.DataFrame({"features": list(x), "label": y.astype(np.int64)})
-    uri = f"file://{workdir}/data"
-    write_shards(spark.createDataFrame(frame), uri, feature_shape=[INPUT_DIM],
-                 classes=[str(i) for i in range(CLASSES)], num_files=8, rows_per_group=BATCH)
-    return uri
+    return "file://" + write_shards(workdir / "data", rows=ROWS, num_files=8)
 
 
 def _model() -> Any:

@@ -196,9 +196,10 @@ def _depths(events: list[dict[str, Any]]) -> dict[int, int]:
     return depth
 
 
-def write_shards(root: Path, rows: int = ROWS, seed: int = 0) -> str:
-    """The scaling benchmark's data (class clusters in 256 dimensions) as a shard directory,
-    written with pyarrow alone (no Spark)."""
+def write_shards(root: Path, rows: int = ROWS, seed: int = 0, num_files: int = 4) -> str:
+    """The scaling benchmark's data (class clusters in 256 dimensions) as a shard directory
+    of ``num_files`` files, row groups of ``BATCH`` rows, written with pyarrow alone (no
+    Spark)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -210,7 +211,7 @@ def write_shards(root: Path, rows: int = ROWS, seed: int = 0) -> str:
     x = centers[y] + rng.normal(0, 1, (rows, INPUT_DIM)).astype(np.float32)
     root.mkdir(parents=True, exist_ok=True)
     files = []
-    for k, part in enumerate(np.array_split(np.arange(rows), 4)):
+    for k, part in enumerate(np.array_split(np.arange(rows), num_files)):
         offsets = pa.array(np.arange(len(part) + 1) * INPUT_DIM, pa.int32())
         table = pa.table({
             "features": pa.ListArray.from_arrays(offsets, pa.array(x[part].reshape(-1))),
