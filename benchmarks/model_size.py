@@ -21,6 +21,13 @@ Models (``weights=None``; shapes small enough for 2 cores):
 
 ``time to first step`` runs from the ``fit`` call to the driver's event of the first step's
 end (writing the model, starting the tasks, loading the model, tracing the step).
+
+Mode ``sharing-resume`` checks checkpoints at size: a sharing fit of ``EPOCHS`` epochs
+straight, then the same fit stopped after one epoch (a checkpoint at its end: the model with
+Adam's slots and every rank's residual) and resumed from it with ``resume=True``; the two
+trained models must be the same bit for bit (weights and optimizer state), which they are
+only if every rank's residual, threshold and optimizer state came back exactly. Its memory
+is the peak over the three fits, checkpoint writes and reads included.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from benchmarks.report import print_table
 
 MODELS = ("tiny", "resnet50", "mlp-40m", "bert-base")
 MODES = ("dense", "dense-bf16", "sharing", "powersgd", "averaging")
+RESUME = "sharing-resume"  # not in the default grid: three fits
 #: Per-worker batch of each model (small: the figures are of the exchange and the memory).
 BATCH = {"tiny": 32, "resnet50": 8, "mlp-40m": 32, "bert-base": 4}
 STEPS_PER_EPOCH = 3
@@ -102,7 +110,7 @@ def master_for(mode: str, batch: int) -> Any:
         return DenseTrainingMaster(**common)
     if mode == "dense-bf16":
         return DenseTrainingMaster(**common, wire_dtype="bfloat16")
-    if mode == "sharing":
+    if mode in ("sharing", RESUME):
         return SharedTrainingMaster(**common)
     if mode == "powersgd":
         return SharedTrainingMaster(**common, compressor=PowerSGDCompressorConfig(rank=4))
@@ -148,6 +156,8 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
                     first.append(time.perf_counter())
 
         parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        resumed_identical = (_resumes_exactly(spark, model_name, mode, uri, workdir)
+                             if mode == RESUME else None)
         started = time.perf_counter()
         fit = SparkModel(spark, model, master_for(mode, batch)).fit(
             uri, epochs=EPOCHS, verbose=0, log_every_steps=1, callbacks=[FirstStep()])
@@ -163,8 +173,30 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
         "first_step_s": first[0] - started if first else None,
         "fit_s": wall,
         "replicas_identical": metrics.replicas_identical,
+        "resumed_identical": resumed_identical,
     }))
     spark.stop()
+
+
+def _resumes_exactly(spark: Any, model_name: str, mode: str, uri: str, workdir: str) -> bool:
+    """Whether a fit stopped after its first epoch's checkpoint and resumed gives, bit for
+    bit, the model (weights and optimizer state) of the same fit run straight."""
+    import numpy as np
+
+    from sparkdl.spark_model import SparkModel
+
+    def fit(epochs: int, checkpoint: str | None, resume: bool = False) -> list[Any]:
+        model, _ = build_model(model_name)  # seeded: the same initial weights every time
+        SparkModel(spark, model, master_for(mode, BATCH[model_name])).fit(
+            uri, epochs=epochs, verbose=0, checkpoint_dir=checkpoint, resume=resume)
+        return [np.asarray(v) for v in (*model.weights, *model.optimizer.variables)]
+
+    straight = fit(EPOCHS, None)
+    checkpoint = f"file://{workdir}/checkpoints"
+    fit(1, checkpoint)
+    resumed = fit(EPOCHS, checkpoint, resume=True)
+    return len(straight) == len(resumed) and all(
+        a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(straight, resumed))
 
 
 # The grid, from this process ----------------------------------------------------------------
@@ -267,7 +299,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     for cell in cells:
         if "failed" in cell:
             table.append([cell["model"], cell["mode"], "failed: " + cell["failed"][-60:]]
-                         + [""] * 10)
+                         + [""] * 11)
             continue
         ref = base.get(cell["mode"], cell)
         state = cell["state_bytes"]
@@ -282,6 +314,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             f"{cell['worker_peak'] / 1e6:.0f}",
             "-" if cell["model"] == "tiny" else f"{driver_growth:.2f}",
             "-" if cell["model"] == "tiny" else f"{worker_growth:.2f}",
+            {None: "", True: "yes", False: "NO"}[cell.get("resumed_identical")],
             f"{cell['load']:.2f}",
         ])
     print_table(
@@ -290,7 +323,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "growth: the peak above the tiny model's in the same mode, over the state",
         ["model", "mode", "params", "state MB", "step ms", "MB/step", "first step s",
          "driver MB", "JVM MB", "worker MB", "driver growth/state", "worker growth/state",
-         "load"],
+         "resumed bit for bit", "load"],
         table,
     )
     return {"cells": cells}
