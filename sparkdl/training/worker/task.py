@@ -38,8 +38,13 @@ def run_task(
     TensorFlow for its threads and GPUs (the GPUs already pinned by the launcher, before
     TensorFlow loaded), train, close the communicator."""
     from sparkdl.cpus import pinned
-    from sparkdl.training.worker.run_worker import configure_tensorflow, run_worker
+    from sparkdl.training.worker.run_worker import (
+        configure_tensorflow,
+        limit_malloc_arenas,
+        run_worker,
+    )
 
+    limit_malloc_arenas()  # before the import's threads start
     cores, comm = meet_while_tensorflow_imports(rendezvous)
     try:
         with pinned(cores) as cpus:
