@@ -158,6 +158,7 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
         parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
         resumed_identical = (_resumes_exactly(spark, model_name, mode, uri, workdir)
                              if mode == RESUME else None)
+        before_fit = _own_rss()  # the model built, Spark up: what a user's script holds
         started = time.perf_counter()
         fit = SparkModel(spark, model, master_for(mode, batch)).fit(
             uri, epochs=EPOCHS, verbose=0, log_every_steps=1, callbacks=[FirstStep()])
@@ -174,8 +175,16 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
         "fit_s": wall,
         "replicas_identical": metrics.replicas_identical,
         "resumed_identical": resumed_identical,
+        "driver_before_fit": before_fit,
     }))
     spark.stop()
+
+
+def _own_rss() -> int:
+    """This process's resident bytes now."""
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines()
+                if line.startswith("VmRSS:"))
 
 
 def _resumes_exactly(spark: Any, model_name: str, mode: str, uri: str, workdir: str) -> bool:
@@ -299,20 +308,25 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     for cell in cells:
         if "failed" in cell:
             table.append([cell["model"], cell["mode"], "failed: " + cell["failed"][-60:]]
-                         + [""] * 11)
+                         + [""] * 13)
             continue
         ref = base.get(cell["mode"], cell)
         state = cell["state_bytes"]
         driver_growth = (cell["driver_peak"] - ref["driver_peak"]) / state
+        # the fit's own share: the peak above the driver's memory just before fit()
+        fit_growth = (cell["driver_peak"] - cell["driver_before_fit"]) / state
         worker_growth = (cell["worker_peak"] - ref["worker_peak"]) / state
-        cell.update(driver_growth_x_state=driver_growth, worker_growth_x_state=worker_growth)
+        cell.update(driver_growth_x_state=driver_growth, worker_growth_x_state=worker_growth,
+                    driver_fit_growth_x_state=fit_growth)
         table.append([
             cell["model"], cell["mode"], f"{cell['parameters'] / 1e6:.1f}M",
             f"{state / 1e6:.0f}", f"{(cell['step_s'] or 0) * 1e3:.0f}",
             f"{cell['bytes_per_step'] / 1e6:.1f}", f"{cell['first_step_s'] or 0:.1f}",
+            f"{cell['driver_before_fit'] / 1e6:.0f}",
             f"{cell['driver_peak'] / 1e6:.0f}", f"{cell['jvm_peak'] / 1e6:.0f}",
             f"{cell['worker_peak'] / 1e6:.0f}",
             "-" if cell["model"] == "tiny" else f"{driver_growth:.2f}",
+            "-" if cell["model"] == "tiny" else f"{fit_growth:.2f}",
             "-" if cell["model"] == "tiny" else f"{worker_growth:.2f}",
             {None: "", True: "yes", False: "NO"}[cell.get("resumed_identical")],
             f"{cell['load']:.2f}",
@@ -320,10 +334,11 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     print_table(
         f"models of real size: {WORKERS} workers on local[2], spark.driver.memory=1g, "
         f"{STEPS_PER_EPOCH} steps x {EPOCHS} epochs; memory: peak VmRSS per process (MB); "
-        "growth: the peak above the tiny model's in the same mode, over the state",
+        "growth: the peak above the tiny model's in the same mode, over the state; growth in "
+        "fit: the driver's peak above its memory just before fit(), over the state",
         ["model", "mode", "params", "state MB", "step ms", "MB/step", "first step s",
-         "driver MB", "JVM MB", "worker MB", "driver growth/state", "worker growth/state",
-         "resumed bit for bit", "load"],
+         "driver MB before fit", "driver MB", "JVM MB", "worker MB", "driver growth/state",
+         "driver growth in fit/state", "worker growth/state", "resumed bit for bit", "load"],
         table,
     )
     return {"cells": cells}
