@@ -158,7 +158,7 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
         parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
         resumed_identical = (_resumes_exactly(spark, model_name, mode, uri, workdir)
                              if mode == RESUME else None)
-        before_fit = _own_rss()  # the model built, Spark up: what a user's script holds
+        before_fit = _rss()  # the model built, Spark up: what a user's script holds
         started = time.perf_counter()
         fit = SparkModel(spark, model, master_for(mode, batch)).fit(
             uri, epochs=EPOCHS, verbose=0, log_every_steps=1, callbacks=[FirstStep()])
@@ -180,11 +180,14 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
     spark.stop()
 
 
-def _own_rss() -> int:
-    """This process's resident bytes now."""
-    status = Path("/proc/self/status").read_text()
-    return next(int(line.split()[1]) * 1024 for line in status.splitlines()
-                if line.startswith("VmRSS:"))
+def _rss(pid: int | str = "self") -> int:
+    """A process's resident bytes now (``VmRSS``); 0 once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) * 1024 for line in status.splitlines()
+                 if line.startswith("VmRSS:")), 0)
 
 
 def _resumes_exactly(spark: Any, model_name: str, mode: str, uri: str, workdir: str) -> bool:
@@ -236,13 +239,7 @@ def _tree(root: int) -> dict[int, tuple[str, int]]:
             continue
         role = ("driver" if pid == root else "jvm" if names[pid] == "java"
                 else "worker" if jvm else "other")
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        rss = next((int(line.split()[1]) * 1024 for line in status.splitlines()
-                    if line.startswith("VmRSS:")), 0)
-        found[pid] = (role, rss)
+        found[pid] = (role, _rss(pid))
     return found
 
 

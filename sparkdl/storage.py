@@ -298,6 +298,23 @@ def download(uri: str, local: str | os.PathLike[str]) -> None:
         raise DataError(f"cannot read {uri}: {exc}") from None
 
 
+@contextlib.contextmanager
+def local_copy(uri: str) -> Iterator[Path]:
+    """The file at ``uri`` as a local path while the block runs: the file itself on a local
+    filesystem (not checked for existence), else a copy downloaded in chunks into a temporary
+    directory and removed after."""
+    local = local_path(uri)
+    if local is not None:
+        yield local
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sparkdl-copy-") as tmp:
+        copy = Path(tmp, uri.rstrip("/").rsplit("/", 1)[-1] or "file")
+        download(uri, copy)
+        yield copy
+
+
 def delete(uri: str) -> None:
     """Delete the file or directory at ``uri`` if there is one."""
     fs, path = resolve(uri)

@@ -30,7 +30,7 @@ from sparkdl.storage import (
     atomic_path,
     child,
     delete,
-    download,
+    local_copy,
     local_path,
     make_dirs,
     read_bytes,
@@ -129,18 +129,11 @@ def _check(ref: ModelRef, digest: str, size: int) -> None:
 def _checked_file(ref: ModelRef) -> Iterator[Path]:
     """``ref``'s file as a local path, checked against the reference: the file itself on a
     local filesystem, else a temporary download of it (removed after the block)."""
-    local = local_path(ref.uri)
-    if local is not None:
-        if not local.is_file():
+    with local_copy(ref.uri) as path:
+        if not path.is_file():
             raise DataError(f"model file {ref.uri} does not exist")
-        _check(ref, *_sha256(local))
-        yield local
-        return
-    with tempfile.TemporaryDirectory(prefix="sparkdl-model-") as tmp:
-        copy = Path(tmp, "model.keras")
-        download(ref.uri, copy)
-        _check(ref, *_sha256(copy))
-        yield copy
+        _check(ref, *_sha256(path))
+        yield path
 
 
 def load_model(ref: ModelRef, custom_objects: dict[str, Any] | None = None) -> keras.Model:

@@ -24,7 +24,7 @@ def test_latest_complete_checkpoint_of_the_run(tmp_path):
     names = sorted(p.name for p in tmp_path.glob("ckpt-*"))
     assert names == ["ckpt-0000000020", "ckpt-0000000030"]  # keep=2
     latest = store.latest(run)
-    with latest.model_file(store) as model_file:
+    with latest.model_file() as model_file:
         assert latest.state.global_step == 30 and model_file.read_bytes() == b"m30"
         assert model_file.parent == tmp_path / "ckpt-0000000030"  # read in place, not copied
     # a half-written checkpoint is never taken for a whole one, and is cleaned up

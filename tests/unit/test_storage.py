@@ -166,7 +166,7 @@ def test_checkpoints_on_s3_resume(s3_bucket: str, tmp_path) -> None:
     assert again.start_run(resume=True) == run_id
     latest = again.latest(run_id)
     assert latest is not None and latest.state.global_step == 9
-    with latest.model_file(again) as model_file:  # downloaded from the object store
+    with latest.model_file() as model_file:  # downloaded from the object store
         assert model_file.read_bytes() == b"model-9"
     state = latest.worker_state(again, 1)
     assert state["tau"] == 4.5 and np.array_equal(state["residual"], np.arange(5.0) * 9)

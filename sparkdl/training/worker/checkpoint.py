@@ -24,9 +24,8 @@ import json
 import logging
 import os
 import re
-import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from sparkdl.errors import ConfigurationError, DataError, TrainingError
 from sparkdl.run_output import MODEL_FILE
 from sparkdl.storage import (
     copy_in,
-    local_path,
+    local_copy,
     move_dir,
     renames_atomically,
     resolve,
@@ -103,21 +102,10 @@ class Checkpoint:
     def name(self) -> str:
         return self.path.rsplit("/", 1)[1]
 
-    @contextlib.contextmanager
-    def model_file(self, store: CheckpointStore) -> Iterator[Path]:
+    def model_file(self) -> contextlib.AbstractContextManager[Path]:
         """The checkpoint's ``model.keras`` as a local file while the block runs: the file
         itself on a local filesystem, else a copy downloaded in chunks and deleted after."""
-        uri = f"{self.path}/{MODEL_FILE}"
-        local = local_path(uri)
-        if local is not None:
-            yield local
-            return
-        with tempfile.TemporaryDirectory(prefix="sparkdl-checkpoint-") as tmp:
-            target = Path(tmp, MODEL_FILE)
-            pafs.copy_files(f"{store.root}/{self.name}/{MODEL_FILE}", str(target),
-                            source_filesystem=store.fs,
-                            destination_filesystem=pafs.LocalFileSystem())
-            yield target
+        return local_copy(f"{self.path}/{MODEL_FILE}")
 
     def worker_state(self, store: CheckpointStore, rank: int) -> dict[str, Any] | None:
         """Rank ``rank``'s own saved state (residual, threshold, optimizer state: what

@@ -370,8 +370,7 @@ def _run_worker(spec: WorkerSpec, comm: Communicator, secret: bytes | None) -> W
     # Seeds depend on the position, so a resumed attempt does not replay the same dropout.
     keras.utils.set_random_seed((master.seed + comm.rank + 7919 * start.global_step) % 2**32)
     if resumed:
-        assert store is not None
-        with resumed.model_file(store) as local:
+        with resumed.model_file() as local:
             model = load_model_file(local, spec.custom_objects)
     else:
         model = load_model(spec.model, spec.custom_objects)
