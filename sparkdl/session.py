@@ -3,7 +3,8 @@ what sparkdl reads of one, on classic Spark and on Spark Connect.
 
 Only public APIs that Spark Connect also offers (``spark.conf``, DataFrames, tags): even the
 live core count comes from the plan of ``spark.range``, not from a Spark context. This module
-imports nothing of sparkdl but its errors, so every layer that talks to Spark may use it.
+imports nothing of sparkdl but its errors and the driver JVM's class archive, so every layer
+that talks to Spark may use it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from sparkdl import class_archive
 from sparkdl.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -71,6 +73,9 @@ DEFAULT_SPARK_CONF = {
 #: The driver JVM's log4j 2 configuration for a session sparkdl starts (no start-up chatter).
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+#: Settings that change the driver JVM's classpath (part of its class archive's key).
+_CLASSPATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath",
+                   "spark.driver.userClassPathFirst")
 
 
 def driver_java_options(current: str | None) -> str:
@@ -175,6 +180,12 @@ def get_spark(cluster: ClusterSettings | None = None, *,
                                or conf.get(_DRIVER_JAVA_OPTIONS, None))
         if jit:
             options[_DRIVER_JAVA_OPTIONS] = jit
+        classpath = "\n".join(f"{key}={options.get(key) or conf.get(key, '')}"
+                              for key in _CLASSPATH_KEYS)
+        archived = class_archive.driver_options(
+            options.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS, None), classpath)
+        if archived:
+            options[_DRIVER_JAVA_OPTIONS] = archived
     started = time.monotonic()
     log.info("starting Spark (master %s)", options.get("spark.master")
              or conf.get("spark.master", None) or "from spark-submit")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.spark
 
 _SCRIPT = """
+import os
 from sparkdl.session import get_spark
 from sparkdl.session import default_parallelism
 spark = get_spark()
@@ -22,7 +24,13 @@ print("rows", spark.range(5).count())
 print("parallelism as the context says:",
       default_parallelism(spark) == spark.sparkContext.defaultParallelism)
 jvm_args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-print("C1 only:", "-XX:TieredStopAtLevel=1" in list(jvm_args.getInputArguments()))
+arguments = list(jvm_args.getInputArguments())
+print("C1 only:", "-XX:TieredStopAtLevel=1" in arguments)
+pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+with open(f"/proc/{pid}/maps") as maps:
+    mapped = os.environ["SPARKDL_CACHE_DIR"] in maps.read()
+print("class archive:", "mapped" if mapped else "written at exit"
+      if any("ArchiveClassesAtExit" in argument for argument in arguments) else "none")
 try:
     spark.range(2).selectExpr("raise_error('a bad record')").collect()
 except Exception as exc:
@@ -32,21 +40,37 @@ spark.stop()
 
 
 def test_a_job_session_starts_and_fails_a_task_without_the_jvms_chatter(tmp_path):
+    """Twice, in a new class-archive cache: the first driver JVM writes the archive as it
+    exits (sparkdl.class_archive), the second maps it; neither prints the JVM's chatter."""
+    cache = tmp_path / "cache"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPO), "SPARKDL_CACHE_DIR": str(cache)}
     env.pop("SPARK_CONF_DIR", None)
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # a local master's driver JVM compiles with C1 only (sparkdl.session.local_driver_jit)
-    assert proc.stdout.splitlines() == ["rows 5", "parallelism as the context says: True",
-                                        "C1 only: True",
-                                        "failed: True"]
-    chatter = [line for line in proc.stderr.splitlines() if STARTUP_CHATTER.search(line)]
-    assert chatter == [], proc.stderr
-    # a failed task's JVM stack trace stays out (sparkdl/log4j2.properties)
-    assert not [line for line in proc.stderr.splitlines()
-                if "Executor:" in line or "TaskSetManager:" in line], proc.stderr
+    for archive in ("written at exit", "mapped"):
+        proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # a local master's driver JVM compiles with C1 only (sparkdl.session.local_driver_jit)
+        assert proc.stdout.splitlines() == ["rows 5", "parallelism as the context says: True",
+                                            "C1 only: True", f"class archive: {archive}",
+                                            "failed: True"]
+        chatter = [line for line in proc.stderr.splitlines() if STARTUP_CHATTER.search(line)]
+        assert chatter == [], proc.stderr
+        assert "cds" not in proc.stderr, proc.stderr
+        # a failed task's JVM stack trace stays out (sparkdl/log4j2.properties)
+        assert not [line for line in proc.stderr.splitlines()
+                    if "Executor:" in line or "TaskSetManager:" in line], proc.stderr
+        # the JVM writes the archive after the Python process is gone: wait for its header
+        deadline = time.monotonic() + 240
+        while not _archive_complete(cache) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _archive_complete(cache), sorted(cache.iterdir())
+
+
+def _archive_complete(cache: Path) -> bool:
+    from sparkdl import class_archive
+
+    return any(class_archive._complete(path) for path in cache.glob("*.jsa"))
 
 
 def test_a_local_masters_driver_compiles_with_c1_unless_the_user_says_otherwise():
