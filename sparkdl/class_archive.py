@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 #: The first bytes of a complete dynamic archive of JDK 17+ (``0xf00baba8``, little-endian).
@@ -36,6 +37,9 @@ _SPLITS_OPTIONS = " \t\n'\"\\"
 #: What Spark's launcher puts on the driver's classpath besides its jars.
 _CLASSPATH_ENV = ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH",
                   "SPARK_PREPEND_CLASSES")
+#: Spark settings that change the driver JVM's classpath.
+CLASSPATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath",
+                  "spark.driver.userClassPathFirst")
 
 
 def cache_dir() -> Path:
@@ -47,16 +51,20 @@ def cache_dir() -> Path:
     return Path(base, "sparkdl")
 
 
-def driver_options(current: str | None, classpath_settings: str = "") -> str:
+def driver_options(current: str | None, settings: Mapping[str, str] | None = None) -> str:
     """``spark.driver.extraJavaOptions`` with the class archive added: mapped when it exists,
     written at exit when it does not. ``current`` unchanged when it already chooses class
-    sharing, when the cache directory cannot be written, or while another JVM writes the
-    archive. ``classpath_settings``: what else changes the driver's classpath
-    (``spark.jars``, ``spark.driver.extraClassPath``, ...), part of the archive's key."""
+    sharing, when the cache directory cannot be written, while another JVM writes the
+    archive, or when the classpath holds a non-empty directory (a ``$SPARK_CONF_DIR`` with
+    files in it: the JVM archives no classpath like that). ``settings``: the session's Spark
+    settings; those of :data:`CLASSPATH_KEYS` are part of the archive's key."""
     current = (current or "").strip()
     if any(option in current for option in _CHOSEN):
         return current
-    path = archive_path(classpath_settings)
+    classpath = {key: settings[key] for key in CLASSPATH_KEYS if settings and settings.get(key)}
+    if any(_non_empty_directory(entry) for entry in _classpath_directories(classpath)):
+        return current
+    path = archive_path(classpath)
     if path is None or any(char in str(path) for char in _SPLITS_OPTIONS):
         return current
     marker = path.with_name(path.name + ".writing")
@@ -89,9 +97,9 @@ def _claim(marker: Path) -> bool:
     return False
 
 
-def archive_path(classpath_settings: str = "") -> Path | None:
-    """The archive for this Java, this Spark and ``classpath_settings``; ``None`` when no
-    Java or Spark is found."""
+def archive_path(classpath: Mapping[str, str] | None = None) -> Path | None:
+    """The archive for this Java, this Spark and the ``classpath`` settings
+    (:data:`CLASSPATH_KEYS`); ``None`` when no Java or Spark is found."""
     java = _java()
     jars = _spark_jars()
     if java is None or jars is None:
@@ -101,10 +109,31 @@ def archive_path(classpath_settings: str = "") -> Path | None:
         f"{java}:{stat.st_size}:{stat.st_mtime_ns}",
         str(jars), *sorted(entry.name for entry in jars.iterdir()),
         *(f"{name}={os.environ.get(name, '')}" for name in _CLASSPATH_ENV),
-        classpath_settings,
+        *(f"{key}={value}" for key, value in sorted((classpath or {}).items())),
     ])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir() / f"spark-driver-{digest}.jsa"
+
+
+def _classpath_directories(classpath: Mapping[str, str]) -> list[Path]:
+    """The directories Spark's launcher may put on the driver's classpath: its conf
+    directory, Hadoop's and YARN's, and the directories among the extra entries."""
+    jars = _spark_jars()
+    conf = os.environ.get("SPARK_CONF_DIR") or (str(jars.parent / "conf") if jars else "")
+    entries = [conf, os.environ.get("HADOOP_CONF_DIR", ""), os.environ.get("YARN_CONF_DIR", "")]
+    for extra in (os.environ.get("SPARK_DIST_CLASSPATH", ""),
+                  classpath.get("spark.driver.extraClassPath", "")):
+        entries.extend(extra.split(os.pathsep))
+    if os.environ.get("SPARK_PREPEND_CLASSES"):
+        entries.append(str(jars.parent) if jars else "")
+    return [Path(entry) for entry in entries if entry and not entry.endswith("*")]
+
+
+def _non_empty_directory(path: Path) -> bool:
+    try:
+        return path.is_dir() and any(path.iterdir())
+    except OSError:
+        return True
 
 
 def _complete(path: Path) -> bool:

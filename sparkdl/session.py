@@ -73,9 +73,6 @@ DEFAULT_SPARK_CONF = {
 #: The driver JVM's log4j 2 configuration for a session sparkdl starts (no start-up chatter).
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
-#: Settings that change the driver JVM's classpath (part of its class archive's key).
-_CLASSPATH_KEYS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath",
-                   "spark.driver.userClassPathFirst")
 
 
 def driver_java_options(current: str | None) -> str:
@@ -180,8 +177,8 @@ def get_spark(cluster: ClusterSettings | None = None, *,
                                or conf.get(_DRIVER_JAVA_OPTIONS, None))
         if jit:
             options[_DRIVER_JAVA_OPTIONS] = jit
-        classpath = "\n".join(f"{key}={options.get(key) or conf.get(key, '')}"
-                              for key in _CLASSPATH_KEYS)
+        classpath = {key: options.get(key) or conf.get(key, "")
+                     for key in class_archive.CLASSPATH_KEYS}
         archived = class_archive.driver_options(
             options.get(_DRIVER_JAVA_OPTIONS) or conf.get(_DRIVER_JAVA_OPTIONS, None), classpath)
         if archived:

@@ -48,7 +48,7 @@ def test_an_archive_cut_short_is_written_anew_once_its_writer_is_given_up(cache)
 
 def test_the_key_follows_the_classpath_settings(cache, monkeypatch):
     plain = class_archive.archive_path()
-    assert class_archive.archive_path("spark.jars=/opt/extra.jar") != plain
+    assert class_archive.archive_path({"spark.jars": "/opt/extra.jar"}) != plain
     monkeypatch.setenv("SPARK_CONF_DIR", "/etc/spark")
     assert class_archive.archive_path() != plain
 
@@ -58,6 +58,22 @@ def test_the_key_follows_the_classpath_settings(cache, monkeypatch):
 def test_a_users_own_class_sharing_choice_is_kept(cache, mine):
     assert class_archive.driver_options(mine) == mine
     assert not cache.exists()
+
+
+def test_no_archive_with_a_non_empty_directory_on_the_classpath(cache, tmp_path, monkeypatch):
+    """The JVM refuses to archive such a classpath, and says so on stderr as it exits."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
+    assert class_archive.driver_options("-Xss4m") == "-Xss4m"
+    (conf / "spark-defaults.conf").unlink()
+    classes = tmp_path / "classes"
+    classes.mkdir()
+    (classes / "Mine.class").write_bytes(b"")
+    extra = {"spark.driver.extraClassPath": f"/opt/a.jar:{classes}"}
+    assert class_archive.driver_options("-Xss4m", extra) == "-Xss4m"
+    assert "ArchiveClassesAtExit" in class_archive.driver_options(None)  # empty: archived
 
 
 def test_a_cache_path_the_options_string_would_split_is_not_used(tmp_path, monkeypatch):
