@@ -7,7 +7,7 @@ The same options as ``sparkdl predict`` (see ``--help``).
 
 import sys
 
-from sparkdl.cli import main
+from sparkdl.cli import exit_quickly, main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], stage="predict"))
+    exit_quickly(main(sys.argv[1:], stage="predict"))

@@ -7,7 +7,7 @@ The same options as ``sparkdl train`` (see ``--help``).
 
 import sys
 
-from sparkdl.cli import main
+from sparkdl.cli import exit_quickly, main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], stage="train"))
+    exit_quickly(main(sys.argv[1:], stage="train"))

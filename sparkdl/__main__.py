@@ -1,8 +1,6 @@
 """``python -m sparkdl``: the ``sparkdl`` command."""
 
-import sys
-
-from sparkdl.cli import main
+from sparkdl.cli import exit_quickly, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quickly(main())

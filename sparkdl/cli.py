@@ -14,12 +14,15 @@ is ``sparkdl``.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from sparkdl import __version__
 from sparkdl.confs import lookup_help, resolve_conf
@@ -297,5 +300,26 @@ def main(argv: Sequence[str] | None = None, stage: str | None = None) -> int:
     return RUNNERS[args.command](args)
 
 
+def exit_quickly(status: int) -> NoReturn:
+    """End a job's process with ``status`` as Python's exit would, less the interpreter's
+    teardown of its modules (1.3-1.6 s with TensorFlow and pyspark loaded, all of it the
+    destructors of objects the process no longer needs): wait for the threads Python would
+    wait for (a bounded wait), run the ``atexit`` handlers (temporary directories, logging's
+    flush, a coverage hook), flush the standard streams, then ``os._exit``."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join(_THREAD_JOIN_S)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+#: How long :func:`exit_quickly` waits for each thread that is not a daemon.
+_THREAD_JOIN_S = 60.0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quickly(main())

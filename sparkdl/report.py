@@ -177,14 +177,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
     history = align_history(metrics.get("history", {}), metrics.get("validation_freq"))
     sections: list[str] = []
     with _plot_style():
-        sections += [_section(f"{_title(k)}", _learning_curve(history, k))
-                     for k in history_columns(history)
-                     if not k.startswith("val_") and k not in FIGURES]
-        if "samples_per_second" in history:
-            sections.append(_section("Throughput", _throughput(history)))
-        sections.append(_section("Bytes per step", _bytes(history, metrics)))
-        sections.append(_section("Threshold τ and sparsity", _threshold(history, metrics)))
-        sections.append(_section("Time per epoch by phase", _phases(history, metrics)))
+        sections += _training_sections(history, metrics)
         if evaluation is not None:
             sections.append(_section("Confusion matrix (test data)", _confusion(evaluation)))
             sections.append(_section("Per-class figures (test data)", _class_table(evaluation)))
@@ -196,6 +189,31 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
             _history_table(history) if history else ""]
     name = html.escape(Path(run_dir).resolve().name)
     return _PAGE.format(title=f"sparkdl run report: {name}", body="\n".join(body))
+
+
+#: The training plots last drawn, by what they were drawn from: a pipeline's evaluate stage
+#: redraws the report its train stage drew a moment before, with only test figures added.
+_drawn: dict[str, list[str]] = {}
+
+
+def _training_sections(history: Mapping[str, list[float]],
+                       metrics: Mapping[str, Any]) -> list[str]:
+    """The plots of the fit: learning curves, throughput, bytes, τ, phases. They read the
+    history and the fit's metrics, never the test figures (``test_*``) that evaluation adds."""
+    fit_metrics = {key: value for key, value in metrics.items() if not key.startswith("test_")}
+    key = json.dumps([history, fit_metrics], sort_keys=True, default=str)
+    if key not in _drawn:
+        sections = [_section(f"{_title(k)}", _learning_curve(history, k))
+                    for k in history_columns(history)
+                    if not k.startswith("val_") and k not in FIGURES]
+        if "samples_per_second" in history:
+            sections.append(_section("Throughput", _throughput(history)))
+        sections.append(_section("Bytes per step", _bytes(history, fit_metrics)))
+        sections.append(_section("Threshold τ and sparsity", _threshold(history, fit_metrics)))
+        sections.append(_section("Time per epoch by phase", _phases(history, fit_metrics)))
+        _drawn.clear()
+        _drawn[key] = sections
+    return list(_drawn[key])
 
 
 def write_report(run_dir: str | os.PathLike[str]) -> Path:

@@ -62,3 +62,28 @@ def test_an_unwritable_json_out_is_refused_before_the_command_runs(tmp_path, cap
         assert f"--json-out {bad}: " in err and message in err, err
         assert "Traceback" not in err
     assert not (tmp_path / "samples").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_job_exits_quickly_with_its_status_threads_atexit_handlers_and_output(tmp_path):
+    """``exit_quickly`` skips only the interpreter's teardown: the threads Python waits for
+    finish, atexit handlers run, buffered output arrives, the status is the job's."""
+    import subprocess
+    import sys
+
+    script = f"""
+import atexit, pathlib, sys, threading, time
+from sparkdl.cli import exit_quickly
+out = pathlib.Path({str(tmp_path)!r})
+def late():
+    time.sleep(0.5)
+    (out / "thread").write_text("done")
+threading.Thread(target=late).start()
+atexit.register(lambda: (out / "atexit").write_text((out / "thread").read_text()))
+sys.stdout.write("no newline, still buffered")
+exit_quickly(3)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "no newline, still buffered"
+    assert (tmp_path / "atexit").read_text() == "done"

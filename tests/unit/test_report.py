@@ -120,6 +120,32 @@ def test_report_of_an_averaging_run_before_evaluation(tmp_path):
     assert "Confusion matrix" not in page
 
 
+def test_the_evaluated_report_reuses_the_training_plots_drawn_just_before(tmp_path, monkeypatch):
+    """A pipeline writes the report after training and again after evaluation, which adds
+    only test figures: the fit's plots are drawn once, the same bytes as drawn anew."""
+    from sparkdl import report
+
+    write_run_dir(tmp_path, evaluate=False)
+    report._drawn.clear()
+    before = _images(build_report(tmp_path))
+    drawn = []
+    monkeypatch.setattr(report, "_png", lambda *args, _png=report._png, **kw: drawn.append(1)
+                        or _png(*args, **kw))
+    write_run_dir(tmp_path)  # the same fit, evaluated
+    after = _images(build_report(tmp_path))
+    assert len(drawn) == 1  # the confusion matrix only
+    assert after[:len(before)] == before and len(after) == len(before) + 1
+    report._drawn.clear()
+    assert _images(build_report(tmp_path)) == after
+    assert len(drawn) == 1 + len(after)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics["history"]["loss"][0] += 1.0  # another fit: its plots drawn anew
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    changed = _images(build_report(tmp_path))
+    assert changed[0] != after[0] and changed[1:] == after[1:]
+    assert len(drawn) == 1 + 2 * len(after)
+
+
 def test_report_errors_name_the_file(tmp_path):
     with pytest.raises(DataError, match=re.escape(str(tmp_path / "metrics.json"))):
         write_report(tmp_path)
