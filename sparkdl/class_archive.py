@@ -9,7 +9,7 @@ classpath, a file still being written or cut short) starts as it would without i
 the options turn the JVM's ``cds`` log off.
 
 The archives live in ``$SPARKDL_CACHE_DIR`` (default ``$XDG_CACHE_HOME/sparkdl`` or
-``~/.cache/sparkdl``), about 180 MB each. Driver options that already choose class sharing
+``~/.cache/sparkdl``), about 190 MB each. Driver options that already choose class sharing
 (``-Xshare:off``, ``-XX:SharedArchiveFile``, ``-XX:ArchiveClassesAtExit``) are left as
 they are: ``-Xshare:off`` turns this off. So is a cache directory whose path has spaces or
 quotes (the options are one string that Spark's launcher splits).

@@ -34,6 +34,13 @@ no unauthenticated mode is simpler and costs little.
 
 A worker frame whose JSON has ``"reply": true`` gets exactly one frame back (blob empty);
 other frames are one-way. Every read and write has a deadline.
+
+The server also gathers (:meth:`ChannelClient.gather`): every rank of a stage attempt sends
+its message for a round, and each gets every rank's message back as soon as the last one
+arrives. Spark's barrier ``allGather`` does the same, but its tasks look for the answer once a
+second (``BarrierTaskContext.runBarrier`` sleeps 1 s between checks), so each round costs a
+second however close together the tasks arrive. Gathers are answered on the connection's own
+thread, never queued for the driver's callbacks.
 """
 
 from __future__ import annotations
@@ -181,6 +188,38 @@ class Message:
             log.warning("could not answer a worker's event: %s", exc)
 
 
+GATHER = "gather"
+
+
+class _Gathers:
+    """The rounds of gathers under way, by stage attempt and round; each answered when its
+    last rank arrives."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rounds: dict[tuple[int, int], dict[int, tuple[str, _Writer]]] = {}
+
+    def add(self, data: dict[str, Any], writer: _Writer) -> None:
+        try:
+            key = (int(data["attempt"]), int(data["round"]))
+            rank, world, message = int(data["rank"]), int(data["world"]), str(data["message"])
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed gather from a worker: %s", sorted(data))
+            return
+        with self._lock:
+            arrived = self._rounds.setdefault(key, {})
+            arrived[rank] = (message, writer)
+            if len(arrived) < world:
+                return
+            del self._rounds[key]
+        messages = [arrived[r][0] if r in arrived else "" for r in range(world)]
+        for _, rank_writer in arrived.values():
+            try:
+                rank_writer.send({"messages": messages})
+            except (OSError, CommunicationError) as exc:
+                log.warning("could not answer a worker's gather: %s", exc)
+
+
 class ChannelServer:
     """Accepts authenticated worker connections and queues their messages for the driver.
 
@@ -208,6 +247,7 @@ class ChannelServer:
         self._timeout_s = float(timeout_s)
         self._max_blob = int(max_blob)
         self.inbox: queue.Queue[Message] = queue.Queue()
+        self._gathers = _Gathers()
         self._closed = threading.Event()
         self._listener = listen_on(bind_host, port_range, backlog=16)
         self.address = f"{advertise_host}:{self._listener.getsockname()[1]}"
@@ -229,7 +269,10 @@ class ChannelServer:
                 if not poller.poll(1000):  # an idle channel is normal between epochs
                     continue
                 data, blob = reader.recv(self._timeout_s)
-                self.inbox.put(Message(data, blob, writer))
+                if data.get("kind") == GATHER:
+                    self._gathers.add(data, writer)
+                else:
+                    self.inbox.put(Message(data, blob, writer))
         except ConnectionError:
             pass  # the worker hung up (or the flood guard dropped an idle connection)
         except (OSError, CommunicationError) as exc:
@@ -311,6 +354,18 @@ class ChannelClient:
         except CommunicationError as exc:
             raise CommunicationError(f"the driver's answer to the {kind!r} event: {exc}") from None
         return answer
+
+    def gather(self, attempt: int, round_: int, rank: int, world: int,
+               message: str) -> list[str]:
+        """Every rank's ``message`` for this round of the stage attempt ``attempt``, by rank,
+        once all ``world`` ranks have sent theirs (at most ``timeout_s``)."""
+        answer = self.request({"kind": GATHER, "attempt": attempt, "round": round_,
+                               "rank": rank, "world": world, "message": message})
+        messages = answer.get("messages")
+        if not isinstance(messages, list) or len(messages) != world:
+            raise CommunicationError(f"the driver's answer to a gather of {world} ranks: "
+                                     f"{answer!r:.200}")
+        return [str(m) for m in messages]
 
     def _write(self, data: dict[str, Any], blob: bytes) -> None:
         try:

@@ -9,6 +9,7 @@ A failure is recorded as a :class:`~sparkdl.spark.attempts.TaskFailure` before i
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import pickle
 import socket
@@ -100,32 +101,57 @@ def _run(context: Any, rank: int, addresses: list[str], spec_bytes: bytes,
     affinity = cluster.cpu_affinity
 
     def rendezvous() -> tuple[list[int] | None, Any]:
-        # the cores' sharing key rides on the communicator's first allGather: each round of
-        # Spark's barrier waits up to a second. The same on every rank: all send it or none.
+        # the cores' sharing key rides on the communicator's first round. The same on every
+        # rank: all send it or none.
         cpus = current_cpus()
         key = sharing_key(host, cpus) if affinity != "off" else None
         keys: list[str] = []
+        with _all_gather(context, spec, secret, rank, world, cluster.transport,
+                         cluster.timeout_s) as all_gather:
 
-        def exchange(message: str) -> list[str]:
-            if key is None or keys:
-                return list(context.allGather(message))
-            replies = [json.loads(reply) for reply in context.allGather(json.dumps([key, message]))]
-            keys.extend(their_key for their_key, _ in replies)
-            return [their_message for _, their_message in replies]
+            def exchange(message: str) -> list[str]:
+                if key is None or keys:
+                    return all_gather(message)
+                replies = [json.loads(reply)
+                           for reply in all_gather(json.dumps([key, message]))]
+                keys.extend(their_key for their_key, _ in replies)
+                return [their_message for _, their_message in replies]
 
-        communicator = create_communicator(
-            cluster.transport, rank, world, exchange,
-            secret=secret, timeout_s=cluster.timeout_s,
-            network_mask=cluster.network_mask, default_host=host,
-            port_range=parse_port_range(cluster.port_range),
-            wire_integrity=cluster.wire_integrity,
-            topology=cluster.topology, mesh=cluster.mesh,
-            hosts=hosts,
-        )
-        if key is None:
-            return None, communicator
-        if not keys:  # the transport exchanged nothing on connecting (Spark RPC)
-            keys.extend(context.allGather(key) if world > 1 else [key])
+            communicator = create_communicator(
+                cluster.transport, rank, world, exchange,
+                secret=secret, timeout_s=cluster.timeout_s,
+                network_mask=cluster.network_mask, default_host=host,
+                port_range=parse_port_range(cluster.port_range),
+                wire_integrity=cluster.wire_integrity,
+                topology=cluster.topology, mesh=cluster.mesh,
+                hosts=hosts,
+            )
+            if key is None:
+                return None, communicator
+            if not keys:  # the transport exchanged nothing on connecting (Spark RPC)
+                keys.extend(all_gather(key) if world > 1 else [key])
         return plan_cores(cpus, *local_group(keys, rank), spec.threads, affinity), communicator
 
     return run_task(spec, rendezvous, secret=secret, gpus=gpus)
+
+
+@contextlib.contextmanager
+def _all_gather(context: Any, spec: Any, secret: bytes, rank: int, world: int,
+                transport: str, timeout_s: float) -> Iterator[Callable[[str], list[str]]]:
+    """Gather one message from every rank, for the rendezvous: through the driver's event
+    channel for the TCP transport (answered as soon as the last rank arrives; each round of
+    Spark's barrier ``allGather`` takes at least a second), through the barrier for the
+    Spark-RPC transport, whose collectives are the barrier's rounds."""
+    if transport != "tcp" or spec.events is None or world == 1:
+        yield lambda message: list(context.allGather(message))
+        return
+    from sparkdl.comm.channel import ChannelClient
+
+    # a barrier stage attempt's tasks have consecutive ids: task id - rank names the attempt
+    attempt = context.taskAttemptId() - rank
+    client = ChannelClient(spec.events.address, secret, timeout_s=timeout_s)
+    rounds = itertools.count()
+    try:
+        yield lambda message: client.gather(attempt, next(rounds), rank, world, message)
+    finally:
+        client.close()

@@ -275,3 +275,41 @@ def test_a_connection_closed_during_the_handshake_is_retried():
             client.close()
         finally:
             relay.close()
+
+
+def test_gathers_answer_every_rank_by_rank_and_keep_attempts_and_rounds_apart():
+    """Three ranks of attempt 7 and three of attempt 9 gather two rounds each at once: each
+    rank gets its own attempt's and round's messages in rank order, and the driver's inbox
+    (its callbacks) sees none of it."""
+    world = 3
+    with ChannelServer(SECRET, bind_host="127.0.0.1", timeout_s=10) as server:
+        got: dict[tuple[int, int], list[list[str]]] = {}
+
+        def rank_body(attempt: int, rank: int) -> None:
+            client = ChannelClient(server.address, SECRET, timeout_s=10)
+            try:
+                got[attempt, rank] = [
+                    client.gather(attempt, round_, rank, world, f"a{attempt}r{round_}k{rank}")
+                    for round_ in range(2)]
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=rank_body, args=(attempt, rank), daemon=True)
+                   for attempt in (7, 9) for rank in reversed(range(world))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        for attempt in (7, 9):
+            for rank in range(world):
+                assert got[attempt, rank] == [
+                    [f"a{attempt}r{round_}k{r}" for r in range(world)] for round_ in range(2)]
+        assert server.inbox.empty()
+
+
+def test_a_gather_whose_ranks_do_not_all_come_fails_within_the_timeout():
+    with ChannelServer(SECRET, bind_host="127.0.0.1", timeout_s=5) as server:
+        client = ChannelClient(server.address, SECRET, timeout_s=0.5)
+        with pytest.raises(CommunicationError, match=r"'gather' event within 0\.5 s"):
+            client.gather(1, 0, 0, 2, "alone")
+        client.close()

@@ -3,12 +3,12 @@
 A launcher (a barrier-mode Spark stage, :mod:`sparkdl.spark.launcher`; or local processes,
 :mod:`sparkdl.parallel`) starts one task per worker; each task pins its GPUs, then calls
 :func:`run_task` with its :data:`Rendezvous`: a function that meets the other workers
-(through ``BarrierTaskContext.allGather`` or a local TCP store) and returns this worker's
-cores and its open :class:`~sparkdl.comm.Communicator`.
+(through the driver's event channel on Spark, or a local TCP store) and returns this
+worker's cores and its open :class:`~sparkdl.comm.Communicator`.
 
 The rendezvous runs while TensorFlow imports on a helper thread: the import takes seconds of
-CPU, and each round of Spark's ``allGather`` takes up to a second of waiting (the barrier
-polls once a second), so the two overlap instead of adding up.
+CPU, and the rendezvous waits for the slowest task to start, so the two overlap instead of
+adding up.
 """
 
 from __future__ import annotations
