@@ -18,6 +18,7 @@ import re
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sparkdl import session
@@ -30,7 +31,7 @@ from sparkdl.training.worker.run_worker import replan
 
 if TYPE_CHECKING:
     from pyspark.resource import ResourceProfile
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
 
     from sparkdl.config import ClusterConfig
     from sparkdl.training.summary import WorkerResult
@@ -252,18 +253,21 @@ class SparkLauncher:
         num_workers = len(spec.slices)
         attempts = AttemptLog.create(spec.checkpoint.uri if spec.checkpoint else None)
         train = training_function(spec_bytes, self.cluster, secret, attempts.uri)
-        stage = self.spark.range(0, num_workers, 1, num_workers).mapInArrow(
-            train, RESULT_SCHEMA, barrier=True, profile=self.resource_profile()
-        )
-        if spark_retries:
+        profile = self.resource_profile()
+
+        def stage() -> DataFrame:
+            frame = self.spark.range(0, num_workers, 1, num_workers).mapInArrow(
+                train, RESULT_SCHEMA, barrier=True, profile=profile
+            )
             # Spark retries a failed barrier stage only when it is a shuffle map stage (a
             # failed barrier *result* stage aborts the job), so the results go through a
             # one-partition shuffle: a lost worker then retries the stage, which resumes
             # from the latest checkpoint. An elastic fit relaunches the stage itself.
-            stage = stage.repartition(1)
+            return frame.repartition(1) if spark_retries else frame
+
         self.spark.addTag(self._tag)
         try:
-            rows = stage.collect()
+            rows = self._collect_once_slots_registered(stage, num_workers, attempts)
             failures = attempts.read()
             results = [pickle.loads(row["result"])
                        for row in sorted(rows, key=lambda r: r["rank"])]
@@ -271,11 +275,58 @@ class SparkLauncher:
                 log.warning("the training stage was retried after: %s", "; ".join(failures))
                 self.elastic_events.append(retry_event(spec, results, failures))
             return results
+        except TrainingError:
+            raise
         except Exception as exc:
             raise TrainingError(stage_error(attempts.failures(), exc)) from exc
         finally:
             self.spark.removeTag(self._tag)
             attempts.close()
+
+    def _collect_once_slots_registered(self, stage: Callable[[], DataFrame], num_workers: int,
+                                       attempts: AttemptLog) -> list[Row]:
+        """Run the stage, submitting it again while Spark refuses it for want of slots.
+
+        Spark checks a barrier stage's slots against the executors registered at the moment
+        it creates the stage; on a standalone or ``local-cluster`` master whose executors are
+        still registering (a fit started right after the session), the stage reaches Spark as
+        a shuffle map stage, whose path fails the job on the first refusal instead of checking
+        again every 15 s as a plain job's does. No task ran in a refused stage (none recorded
+        a failure), so it is submitted again until the slots are there, after 0.5 s, then
+        twice as long each time up to 8 s (Spark logs each refusal), for at most
+        ``cluster.timeout_s``: a new DataFrame each time (``stage()``), as the plan of one
+        that was refused keeps the refusal.
+        """
+        deadline = time.monotonic() + self.cluster.timeout_s
+        pause = 0.5
+        while True:
+            try:
+                return stage().collect()
+            except Exception as exc:
+                if self._cancelled or not _refused_for_slots(exc) or attempts.failures():
+                    raise
+                if time.monotonic() >= deadline:
+                    raise TrainingError(
+                        f"Spark refused the training stage for {self.cluster.timeout_s:g} s "
+                        f"(cluster.timeout_s): barrier mode needs {num_workers} task slots at "
+                        "once and the registered executors offer fewer; lower num_workers or "
+                        "raise cluster.timeout_s if executors start slowly"
+                    ) from exc
+                if pause == 0.5:
+                    log.info("waiting for the executors: the training stage needs %d task "
+                             "slots at once and not all are registered yet", num_workers)
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(2 * pause, 8.0)
+
+
+#: How Spark names its refusal of a barrier stage with more tasks than registered slots.
+_SLOTS_REFUSED = ("BarrierJobSlotsNumberCheckFailed", "SPARK-24819")
+
+
+def _refused_for_slots(exc: BaseException) -> bool:
+    """Whether Spark refused a barrier stage for want of slots (classic and Connect)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(mark in text for mark in _SLOTS_REFUSED)
 
 
 _CHECKPOINT_STEP = re.compile(r"ckpt-(\d+)/*$")

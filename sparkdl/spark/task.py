@@ -147,7 +147,11 @@ def _all_gather(context: Any, spec: Any, secret: bytes, rank: int, world: int,
         return
     from sparkdl.comm.channel import ChannelClient
 
-    # a barrier stage attempt's tasks have consecutive ids: task id - rank names the attempt
+    # a barrier stage attempt's tasks have consecutive ids in partition order, so task id -
+    # rank names the attempt: Spark launches all of them in one scheduling round, giving ids
+    # from one counter as it takes tasks from its pending list, which it fills in reverse
+    # partition order and takes from the end; the stage's input (spark.range) has no
+    # preferred locations, so every task comes from that one list
     attempt = context.taskAttemptId() - rank
     client = ChannelClient(spec.events.address, secret, timeout_s=timeout_s)
     rounds = itertools.count()

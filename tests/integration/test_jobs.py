@@ -116,6 +116,27 @@ def test_fit_on_two_executor_jvms(tmp_path, digits_shards):
     assert metrics["topology"] == "flat"  # auto: two executors, but on one host
 
 
+def test_a_stage_spark_refuses_for_want_of_slots_is_retried_then_named(tmp_path, digits_shards):
+    """Spark refuses a barrier stage with more tasks than registered slots (executors still
+    registering, or too few); the launcher submits it again until ``cluster.timeout_s``, then
+    fails with one line naming the slots and the setting. Here the refusal is for good:
+    ``spark.default.parallelism=3`` on ``local[2]`` passes the slot check before launch, and
+    Spark refuses the three-task stage on its two slots every time."""
+    out = tmp_path / "out"
+    data_dir = digits_shards["train"].rsplit("/", 1)[0]
+    proc = run([sys.executable, "jobs/train.py", "--conf", CONF,
+                "--set", f"data.dir={data_dir}", "--set", f"output.dir={out}",
+                "--set", "cluster.master=local[2]", "--set", "training.num_workers=3",
+                "--set", "cluster.spark_conf.spark.default.parallelism=3",
+                "--set", "cluster.timeout_s=3"], tmp_path, timeout=300)
+    assert proc.returncode != 0
+    assert "waiting for the executors: the training stage needs 3 task slots" in proc.stderr
+    assert "Spark refused the training stage for 3 s (cluster.timeout_s): barrier mode " \
+           "needs 3 task slots at once" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback (most recent call last)" not in proc.stderr
+    assert not (out / "model.keras").exists()
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "message"),
     [
