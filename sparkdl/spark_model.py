@@ -253,6 +253,7 @@ class SparkModel(KerasFit):
         label_col: str = "label",
         store: str | None = None,
         keep_shards: bool = False,
+        verbose: int | str = "auto",
     ) -> Any:
         """Evaluate on a shard directory or a DataFrame, on the executors, in one pass.
 
@@ -271,13 +272,19 @@ class SparkModel(KerasFit):
                 default); the result is then a dict by output name.
             features_col: the DataFrame's feature column(s) (as in ``fit``).
             label_col: the DataFrame's label column (as in ``fit``).
+            verbose: as Keras's ``evaluate``: 1 draws a bar of the rows evaluated so far (the
+                tasks report them to the driver), 0 and 2 draw none; ``"auto"`` is 1 in a
+                terminal or notebook.
         """
         from sparkdl.spark import inference
+        from sparkdl.training.driver.progress import resolve_verbose
 
+        show_bar = resolve_verbose(verbose) == 1
         if is_dataframe(data):
             data = self._shards_of(data, features_col, label_col, None, store or self.store,
                                    keep_shards, what="evaluate()")
-        return inference.evaluate(self, data, batch_size, evaluations=evaluations)
+        return inference.evaluate(self, data, batch_size, evaluations=evaluations,
+                                  show_progress=show_bar, cluster=self.cluster)
 
     def predict(
         self,

@@ -9,9 +9,10 @@ each Python worker loads it once.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkdl.data.files import read_metadata
@@ -25,6 +26,7 @@ from sparkdl.spark.predict_multi import (
     output_kinds,
     predict_multi,
 )
+from sparkdl.spark.row_progress import RowReporter, row_progress
 from sparkdl.spark.task_model import load_task_model
 from sparkdl.spark.task_size import check_task_size
 from sparkdl.storage import apply_environment, s3_environment, spark_uri
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame
 
+    from sparkdl.config import ClusterConfig
     from sparkdl.data.frames import FeaturesCol
     from sparkdl.etl.normalizers import Normalizer
     from sparkdl.spark.task_model import FittedModel
@@ -46,9 +49,15 @@ def evaluate(
     batch_size: int = 256,
     *,
     evaluations: EvaluationRequest | None = None,
+    show_progress: bool = False,
+    cluster: ClusterConfig | None = None,
 ) -> Any:
     """Evaluate ``spark_model``'s model on the shard directory ``data``, on the executors, in
-    one pass (:meth:`sparkdl.SparkModel.evaluate` says what ``evaluations`` may be)."""
+    one pass (:meth:`sparkdl.SparkModel.evaluate` says what ``evaluations`` may be).
+
+    ``show_progress``: draw a bar of the rows evaluated, the tasks reporting them over a
+    channel to the driver on the network, ports and timeout of ``cluster``
+    (:mod:`sparkdl.spark.row_progress`)."""
     from sparkdl.session import default_parallelism, task_cpus
 
     if not isinstance(data, str):
@@ -63,8 +72,37 @@ def evaluate(
     templates = {key: [e.to_dict() for e in values] for key, values in plan.items()}
     model_file = spark_model.model_file(data_uri)
     spark = spark_model.spark
-    threads, custom_objects, environment = task_cpus(spark), spark_model.custom_objects, \
-        s3_environment()
+    files = [f.path for f in metadata.files]
+    partitions = max(1, min(len(files), default_parallelism(spark)))
+    paths = spark.createDataFrame([(path,) for path in files], "path string")
+    with row_progress(spark, metadata.num_rows, cluster, show=show_progress) as progress:
+        evaluate_partition = _evaluation_task(
+            data_uri, templates, model_file, spark_model.custom_objects, task_cpus(spark),
+            batch_size, progress.reporter if progress else None)
+        check_task_size(spark, "evaluate()", evaluate_partition, spark_model.custom_objects)
+        rows = paths.repartition(partitions).mapInPandas(evaluate_partition,
+                                                         "result binary").collect()
+    for row in rows:
+        result = pickle.loads(row["result"])
+        for key, values in plan.items():
+            for total, part in zip(values, result[key], strict=True):
+                total.merge(evaluation_from_dict(part))
+    if evaluations is None and not metadata.multi:
+        return plan[None][0]
+    if not metadata.multi:
+        return plan[None]
+    return plan if evaluations is not None else {k: v[0] for k, v in plan.items()}
+
+
+def _evaluation_task(
+    data_uri: str, templates: dict[str | None, list[dict[str, Any]]], model_file: ModelRef,
+    custom_objects: dict[str, Any] | None, threads: int, batch_size: int,
+    reporter: RowReporter | None,
+) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    """The ``mapInPandas`` function of evaluation: its partition's files evaluated into one
+    row of mergeable evaluations (``templates``, by output), the rows done reported to
+    ``reporter`` when there is one. It carries the driver's S3 settings."""
+    environment = s3_environment()
 
     def evaluate_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
@@ -78,29 +116,25 @@ def evaluate(
                  for key, values in templates.items()}
         if paths:
             model = load_task_model(model_file, custom_objects, threads)
-            for x, y, *_ in iter_batches(data_uri, paths, batch_size):  # rows unweighted
-                outputs = by_output(model, model.predict_on_batch(x), y)
-                for key, values in parts.items():
-                    for evaluation in values:
-                        evaluation.eval(*outputs[key])
+            with reporter.task() if reporter else contextlib.nullcontext() as done:
+                for x, y, *_ in iter_batches(data_uri, paths, batch_size):  # rows unweighted
+                    outputs = by_output(model, model.predict_on_batch(x), y)
+                    for key, values in parts.items():
+                        for evaluation in values:
+                            evaluation.eval(*outputs[key])
+                    if done is not None:
+                        done.add(_rows(x))
         result = {key: [e.to_dict() for e in values] for key, values in parts.items()}
         yield pd.DataFrame({"result": [pickle.dumps(result)]})
 
-    check_task_size(spark, "evaluate()", evaluate_partition, custom_objects)
-    files = [f.path for f in metadata.files]
-    partitions = max(1, min(len(files), default_parallelism(spark)))
-    paths = spark.createDataFrame([(path,) for path in files], "path string")
-    rows = paths.repartition(partitions).mapInPandas(evaluate_partition, "result binary").collect()
-    for row in rows:
-        result = pickle.loads(row["result"])
-        for key, values in plan.items():
-            for total, part in zip(values, result[key], strict=True):
-                total.merge(evaluation_from_dict(part))
-    if evaluations is None and not metadata.multi:
-        return plan[None][0]
-    if not metadata.multi:
-        return plan[None]
-    return plan if evaluations is not None else {k: v[0] for k, v in plan.items()}
+    return evaluate_partition
+
+
+def _rows(x: Any) -> int:
+    """The rows of a batch's inputs: one array, or a dict or list of them (several inputs)."""
+    while isinstance(x, (dict, list, tuple)):
+        x = next(iter(x.values())) if isinstance(x, dict) else x[0]
+    return len(x)
 
 
 def predict(

@@ -16,7 +16,6 @@ import logging
 import pickle
 import re
 import secrets
-import socket
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 from sparkdl import session
 from sparkdl.errors import ConfigurationError, TrainingError
 from sparkdl.spark.attempts import AttemptLog, short, stage_error
+from sparkdl.spark.driver_address import channel_hosts
 from sparkdl.spark.task import RESULT_SCHEMA, training_function
 from sparkdl.spark.task_size import check_task_size
 from sparkdl.training.elastic import ElasticEvent, ElasticPolicy
@@ -67,16 +67,7 @@ class SparkLauncher:
         self.threads_per_worker = self.task_cpus or session.task_cpus(spark)
         self._cancelled = False
         self._tag = f"sparkdl-fit-{secrets.token_hex(6)}"
-        if session.is_local(spark):  # executors share the driver's machine
-            self.driver_host = self.bind_host = "127.0.0.1"
-        else:
-            from sparkdl.comm.network import select_bind_address
-
-            # on Connect the event channel listens in this client process, not the driver
-            driver = (socket.gethostname() if session.is_connect(spark)
-                      else session.conf_get(spark, "spark.driver.host") or socket.gethostname())
-            self.driver_host = select_bind_address(cluster.network_mask, driver)
-            self.bind_host = "0.0.0.0"
+        self.driver_host, self.bind_host = channel_hosts(spark, cluster.network_mask)
 
     def model_dir(self, data_uri: str, checkpoint_dir: str | None) -> str:
         from sparkdl.spark.model_store import model_dir

@@ -32,6 +32,7 @@ def test_jupyter_notebook_runs_with_plots_and_progress(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for o in outputs)
     assert "Accuracy:" in text
     assert "Epoch 1/" in text  # the driver's progress bar
+    assert "/row" in text  # the evaluation's bar of the rows its tasks report
     assert "stopped at epoch" in text  # the callbacks' effect is shown
     assert "recall of 3 and 8 with class weights" in text
     assert text.count("cross-validated accuracy") == 2  # a CrossValidator over two rates
