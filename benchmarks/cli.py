@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--harness", action="store_true",
                         help="workers: fit through Spark on the network-namespace harness "
                         "(ranks // 2 hosts x 2 workers, 1 Gbit/s links; needs root)")
+    parser.add_argument("--scale", type=int,
+                        help="etl: the digits ETL on this many copies of its rows instead of "
+                        "the CSV, rows handed to Spark as an Arrow table and as Python rows")
     parser.add_argument("--models", help="model-size: the models, comma-separated "
                         "(tiny,resnet50,mlp-40m,bert-base)")
     parser.add_argument("--modes", help="model-size: the modes, comma-separated "
@@ -71,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats,
                "cpu_only": args.cpu_only or None, "mesh": args.mesh or None,
                "ranks": args.ranks, "png": args.png, "harness": args.harness or None,
-               "models": args.models, "modes": args.modes}
+               "models": args.models, "modes": args.modes, "scale": args.scale}
     figures = module.run({key: value for key, value in options.items() if value is not None})
     figures = {
         "suite": args.suite,

@@ -1,5 +1,5 @@
 """Benchmark: ETL of a synthetic 1,000,000-row CSV into DataSet shards, with bounded driver
-memory.
+memory; with ``--scale N``, the digits pipeline on N copies of its 1,797 rows instead.
 
 Method. Spark generates the CSV itself (``spark.range`` + seeded ``rand``/``randn``, 8 numeric
 columns and a string label of 4 classes, a few NaN values, 4 files), so nothing passes through
@@ -13,6 +13,14 @@ Driver memory: the driver Python process's peak resident set (``ru_maxrss``) bef
 the ETL — it stays flat because no records are collected — and the JVM heap in use afterwards
 (in ``local`` mode the driver JVM also runs the executor tasks, so its heap is bounded by
 ``spark.driver.memory``, set here to 1g).
+
+``--scale N`` (``python jobs/benchmark.py etl --scale 100 --repeats 2``): the built-in digits
+ETL (split, standardize fitted on the train rows, 8 shard files per split) on the digits rows
+tiled N times, in one ``local[2]`` session, its rows handed to Spark two ways alternately:
+as one Arrow table, a local relation in the JVM (what ``sparkdl.etl.samples`` does), and, as
+the reference, as a list of Python rows (what it did before: a pickled Python RDD that Python
+workers convert value by value). The same pipeline code runs after either; the table prints
+each run's seconds and the load.
 """
 
 from __future__ import annotations
@@ -76,9 +84,63 @@ def _generate(spark: Any, path: str, rows: int) -> None:
     df.withColumn("x0", nan).write.option("header", True).csv(path)
 
 
+def _rows_df(spark: Any, x: Any, y: Any, num_partitions: int) -> Any:
+    """The reference: the rows as a list of Python tuples (a pickled Python RDD)."""
+    import numpy as np
+
+    from sparkdl.etl.samples import SCHEMA
+
+    rows = list(zip(x.astype(np.float32).tolist(), y.astype(np.int64).tolist(), strict=True))
+    return spark.createDataFrame(rows, SCHEMA).repartition(num_partitions)
+
+
+def run_scaled_samples(scale: int, repeats: int) -> dict[str, Any]:
+    """The digits ETL on ``scale`` copies of its rows, Arrow table against list of rows."""
+    import numpy as np
+
+    from sparkdl.etl import samples
+    from sparkdl.pipelines import digits
+
+    x, y = samples.digits_arrays()
+    x, y = np.tile(x, (scale, 1)), np.tile(y, scale)
+    ways = {"arrow table (sparkdl)": samples._to_df, "list of rows (reference)": _rows_df}
+    spark = _spark("2g")
+    tmp = tempfile.mkdtemp(prefix="sparkdl-bench-etl-scaled-")
+    original = digits.load_digits_df
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    table = []
+    try:
+        for repeat in range(repeats):
+            for way, to_df in ways.items():
+                digits.load_digits_df = lambda spark, to_df=to_df: to_df(spark, x, y, 2)
+                load = os.getloadavg()[0]
+                started = time.perf_counter()
+                result = digits.run(spark, f"file://{tmp}/data", overwrite=True)
+                took = time.perf_counter() - started
+                seconds[way].append(took)
+                table.append([repeat + 1, way, result["train_rows"] + result["test_rows"],
+                              f"{took:.1f}", f"{load:.2f}"])
+    finally:
+        digits.load_digits_df = original
+        spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_table(f"digits ETL x{scale} ({len(x)} rows, local[2]), alternated",
+                ["run", "rows to Spark as", "rows written", "seconds", "load (1 min)"], table)
+    medians = {way: sorted(v)[len(v) // 2] for way, v in seconds.items()}
+    arrow, rows = medians.values()
+    print(f"median: arrow table {arrow:.1f} s, list of rows {rows:.1f} s: "
+          f"{rows / arrow:.2f}x; load {os.getloadavg()[0]:.2f} now")
+    return {"scale": scale, "rows": len(x), "seconds": seconds,
+            "arrow_over_rows": arrow / rows}
+
+
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    """Run the 1M-row CSV ETL benchmark; print a table and return the figures."""
+    """Run the 1M-row CSV ETL benchmark (or, with ``scale``, the scaled digits ETL); print a
+    table and return the figures."""
     from sparkdl.pipelines import get_pipeline
+
+    if options.get("scale"):
+        return run_scaled_samples(int(options["scale"]), int(options.get("repeats") or 2))
 
     quick = bool(options.get("quick", False))
     rows = int(options.get("rows", 200_000 if quick else 1_000_000))
