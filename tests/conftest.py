@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import _fork_guard
 import pytest
 
 _fork_guard.install()
+
+# Each test run has a temporary directory of its own: this process's and every process it
+# starts (the Spark session's JVM and Python workers, the jobs and notebooks the tests run)
+# write their temporary files there, so a test that checks what sparkdl left behind sees this
+# run's files alone, even with another test run on the same machine.
+TEMP_ROOT = tempfile.mkdtemp(prefix="pytest-sparkdl-tmp-")
+os.environ["TMPDIR"] = tempfile.tempdir = TEMP_ROOT
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(TEMP_ROOT, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

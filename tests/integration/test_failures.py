@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 from sparkdl import DenseTrainingMaster, SharedTrainingMaster, SparkModel
 from sparkdl.compression import AdaptiveThreshold
 from sparkdl.errors import TrainingError
+from sparkdl.training.model_files import temporary_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = str(REPO / "conf" / "digits.yaml")
@@ -332,7 +334,11 @@ def test_resume_restores_every_ranks_own_threshold_state(spark, digits_shards, m
 
 
 def test_cancelled_fit_leaves_nothing_behind(spark, digits_shards, make_mlp, tmp_path):
-    tmp_before = set(Path("/tmp").glob("sparkdl-*"))
+    # the process's model directory lives until exit (model_files.temporary_model_dir): it
+    # may stay, and nothing of this fit in it
+    models = Path(temporary_model_dir().removeprefix("file://"))
+    models_before = set(models.iterdir())
+    tmp_before = set(Path(tempfile.gettempdir()).glob("sparkdl-*"))
     ckpt = tmp_path / "ckpt"
     spark_model = SparkModel(spark, make_mlp([8, 8, 1], 10), SharedTrainingMaster(num_workers=2))
     errors: list[BaseException] = []
@@ -355,7 +361,8 @@ def test_cancelled_fit_leaves_nothing_behind(spark, digits_shards, make_mlp, tmp
     busy = [p for p in workers if p in python_workers(os.getpid()) and _listening(p)]
     assert not busy, f"workers still hold listening sockets: {busy}"
     wait_for(lambda: not [p for p in workers if _is_training(p)], 30, "training workers to stop")
-    assert set(Path("/tmp").glob("sparkdl-*")) <= tmp_before
+    assert set(Path(tempfile.gettempdir()).glob("sparkdl-*")) <= tmp_before
+    assert set(models.iterdir()) <= models_before  # the model to train was deleted
     assert not list(ckpt.glob(".ckpt-*"))  # no half-written checkpoint
 
 
@@ -410,7 +417,7 @@ def test_train_job_resume_flag_continues_a_killed_job(tmp_path, reference):
 def test_interrupted_driver_leaves_no_workers_sockets_or_temp_dirs(tmp_path, reference):
     """Ctrl-C on the driver (SIGINT): pyspark cancels the jobs, the job exits, and nothing of
     the training survives it."""
-    tmp_before = set(Path("/tmp").glob("sparkdl-*"))
+    tmp_before = set(Path(tempfile.gettempdir()).glob("sparkdl-*"))
     proc, out, log = start_train(tmp_path, reference["data_dir"], "sigint")
     first_checkpoint(out)
     workers = wait_for(lambda: python_workers(proc.pid), 30, "training workers")
@@ -421,5 +428,5 @@ def test_interrupted_driver_leaves_no_workers_sockets_or_temp_dirs(tmp_path, ref
     wait_for(lambda: not [p for p in workers if Path(f"/proc/{p}").exists()], 60,
              f"training workers {workers} to end with the driver")
     assert not (out / "model.keras").exists()
-    assert set(Path("/tmp").glob("sparkdl-*")) <= tmp_before
+    assert set(Path(tempfile.gettempdir()).glob("sparkdl-*")) <= tmp_before
     assert not list((out / "ckpt").glob(".ckpt-*"))
