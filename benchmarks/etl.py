@@ -20,7 +20,8 @@ tiled N times, in one ``local[2]`` session, its rows handed to Spark two ways al
 as one Arrow table, a local relation in the JVM (what ``sparkdl.etl.samples`` does), and, as
 the reference, as a list of Python rows (what it did before: a pickled Python RDD that Python
 workers convert value by value). The same pipeline code runs after either; the table prints
-each run's seconds and the load.
+each run's seconds and the load, and the medians (the first run of each pays the session's
+warm-up: alternate at least three times).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -68,6 +70,7 @@ def _spark(driver_memory: str) -> Any:
         SparkSession.builder.master("local[2]").appName("sparkdl-bench-etl")
         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "8")
         .config("spark.driver.memory", driver_memory).config("spark.log.level", "ERROR")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     return spark
@@ -126,7 +129,7 @@ def run_scaled_samples(scale: int, repeats: int) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
     print_table(f"digits ETL x{scale} ({len(x)} rows, local[2]), alternated",
                 ["run", "rows to Spark as", "rows written", "seconds", "load (1 min)"], table)
-    medians = {way: sorted(v)[len(v) // 2] for way, v in seconds.items()}
+    medians = {way: statistics.median(v) for way, v in seconds.items()}
     arrow, rows = medians.values()
     print(f"median: arrow table {arrow:.1f} s, list of rows {rows:.1f} s: "
           f"{rows / arrow:.2f}x; load {os.getloadavg()[0]:.2f} now")
