@@ -525,6 +525,12 @@ def read_all(
     return metadata.unpack(*(np.concatenate(column) for column in zip(*arrays)))
 
 
+def batch_rows(part: Any) -> int:
+    """The rows of one part of a batch (its features or labels): an array, or a dict of
+    arrays by input or output name (multi shards)."""
+    return len(next(iter(part.values()))) if isinstance(part, dict) else len(part)
+
+
 def iter_batches(
     uri: str,
     files: list[str],

@@ -107,7 +107,7 @@ def _evaluation_task(
     def evaluate_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
-        from sparkdl.data.reader import iter_batches
+        from sparkdl.data.reader import batch_rows, iter_batches
         from sparkdl.evaluation import evaluation_from_dict
 
         apply_environment(environment)
@@ -123,18 +123,11 @@ def _evaluation_task(
                         for evaluation in values:
                             evaluation.eval(*outputs[key])
                     if done is not None:
-                        done.add(_rows(x))
+                        done.add(batch_rows(x))
         result = {key: [e.to_dict() for e in values] for key, values in parts.items()}
         yield pd.DataFrame({"result": [pickle.dumps(result)]})
 
     return evaluate_partition
-
-
-def _rows(x: Any) -> int:
-    """The rows of a batch's inputs: one array, or a dict or list of them (several inputs)."""
-    while isinstance(x, (dict, list, tuple)):
-        x = next(iter(x.values())) if isinstance(x, dict) else x[0]
-    return len(x)
 
 
 def predict(

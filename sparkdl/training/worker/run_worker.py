@@ -289,7 +289,7 @@ class Validation(WorkerCallback):
         self.metadata = ShardMetadata.from_json(spec.metadata_json)
 
     def on_epoch_end(self, loop: TrainingLoop, epoch: int, logs: dict[str, float]) -> None:
-        from sparkdl.data.reader import iter_batches
+        from sparkdl.data.reader import batch_rows, iter_batches
         from sparkdl.training.weights import model_batch
 
         if (epoch + 1) % self.spec.freq:
@@ -303,8 +303,7 @@ class Validation(WorkerCallback):
             for batch in iter_batches(self.spec.uri, files, self.spec.batch_size,
                                       metadata=self.metadata):
                 x, y = model_batch(batch)
-                labels = batch[1]
-                rows = len(next(iter(labels.values()))) if isinstance(labels, dict) else len(labels)
+                rows = batch_rows(batch[1])
                 totals += (exchange.evaluate_batch(x, y) * rows, rows)
         state = np.concatenate([totals, exchange.metrics.state()])
         if comm.world_size > 1:
