@@ -62,7 +62,8 @@ def test_etl_writes_named_columns_and_readers_yield_dicts(split_shards):
                                       averaging_frequency=3)],
     ids=["sharing", "averaging"],
 )
-def test_two_input_two_output_model_trains_and_evaluates_per_output(spark, split_shards, master):
+def test_two_input_two_output_model_trains_and_evaluates_per_output(spark, split_shards, master,
+                                                                    capsys):
     spark_model = SparkModel(spark, _two_in_two_out(), master)
     fit = spark_model.fit(split_shards["train"], epochs=2)
     first, second = (w.checksum for w in fit.workers)
@@ -70,9 +71,12 @@ def test_two_input_two_output_model_trains_and_evaluates_per_output(spark, split
     losses = fit.history["loss"]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
-    result = spark_model.evaluate(
-        split_shards["test"], evaluations={"digit": ["classification", "roc"]}
+    capsys.readouterr()
+    result = spark_model.evaluate(  # a bar of the rows of two named inputs
+        split_shards["test"], evaluations={"digit": ["classification", "roc"]}, verbose=1
     )
+    rows = split_shards["test_rows"]
+    assert f"{rows}/{rows}" in capsys.readouterr().out
     digit, roc = result["digit"]
     (ink,) = result["ink"]  # the regression output gets its default evaluation
     assert isinstance(digit, Evaluation) and isinstance(roc, ROCMultiClass)
