@@ -285,10 +285,10 @@ class SparkLauncher:
         again every 15 s as a plain job's does. No task ran in a refused stage (none recorded
         a failure), so it is submitted again until the slots are there, after 0.5 s, then
         twice as long each time up to 8 s (Spark logs each refusal), for at most
-        ``cluster.timeout_s``: a new DataFrame each time (``stage()``), as the plan of one
-        that was refused keeps the refusal.
+        ``cluster.timeout_s`` from the first refusal: a new DataFrame each time
+        (``stage()``), as the plan of one that was refused keeps the refusal.
         """
-        deadline = time.monotonic() + self.cluster.timeout_s
+        deadline: float | None = None  # from the first refusal on
         pause = 0.5
         while True:
             try:
@@ -296,17 +296,19 @@ class SparkLauncher:
             except Exception as exc:
                 if self._cancelled or not _refused_for_slots(exc) or attempts.failures():
                     raise
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.cluster.timeout_s
+                    log.info("waiting for the executors: the training stage needs %d task "
+                             "slots at once and not all are registered yet", num_workers)
+                elif now >= deadline:
                     raise TrainingError(
                         f"Spark refused the training stage for {self.cluster.timeout_s:g} s "
                         f"(cluster.timeout_s): barrier mode needs {num_workers} task slots at "
                         "once and the registered executors offer fewer; lower num_workers or "
                         "raise cluster.timeout_s if executors start slowly"
                     ) from exc
-                if pause == 0.5:
-                    log.info("waiting for the executors: the training stage needs %d task "
-                             "slots at once and not all are registered yet", num_workers)
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(pause, max(0.0, deadline - now)))
                 pause = min(2 * pause, 8.0)
 
 
