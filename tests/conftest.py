@@ -17,6 +17,9 @@ _fork_guard.install()
 # starts (the Spark session's JVM and Python workers, the jobs and notebooks the tests run)
 # write their temporary files there, so a test that checks what sparkdl left behind sees this
 # run's files alone, even with another test run on the same machine.
+# pytest's own tmp_path directories stay where they were (PYTEST_DEBUG_TEMPROOT is where
+# pytest puts them), so the paths the tests see keep their length.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
 TEMP_ROOT = tempfile.mkdtemp(prefix="pytest-sparkdl-tmp-")
 os.environ["TMPDIR"] = tempfile.tempdir = TEMP_ROOT
 
