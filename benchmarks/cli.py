@@ -25,6 +25,7 @@ SUITES = {
     "iteration": "benchmarks.iteration",
     "model-size": "benchmarks.model_size",
     "workers": "benchmarks.workers",
+    "wire-size": "benchmarks.wire_size",
 }
 
 
@@ -64,6 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(tiny,resnet50,mlp-40m,bert-base)")
     parser.add_argument("--modes", help="model-size: the modes, comma-separated "
                         "(dense,dense-bf16,sharing,powersgd,averaging)")
+    parser.add_argument("--elements", type=int,
+                        help="wire-size: float32 elements of the vector (default 300M)")
+    parser.add_argument("--transports", help="wire-size: the transports, comma-separated "
+                        "(ring-shm,ring-tcp,mesh,hierarchical,spark-rpc)")
     args = parser.parse_args(argv)
     try:
         module = import_module(SUITES[args.suite])
@@ -74,7 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats,
                "cpu_only": args.cpu_only or None, "mesh": args.mesh or None,
                "ranks": args.ranks, "png": args.png, "harness": args.harness or None,
-               "models": args.models, "modes": args.modes, "scale": args.scale}
+               "models": args.models, "modes": args.modes, "scale": args.scale,
+               "elements": args.elements,
+               "transports": args.transports.split(",") if args.transports else None}
     figures = module.run({key: value for key, value in options.items() if value is not None})
     figures = {
         "suite": args.suite,

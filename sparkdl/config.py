@@ -102,7 +102,8 @@ class ClusterConfig(_Section):
         default="plain",
         description="DL4J's meshBuildMode: 'plain' one ring of direct connections (N-1 hops "
         "per small collective); 'mesh' log-depth collectives over extra links (Bruck "
-        "allgather, tree broadcast, halving-doubling allreduce: log2 N steps); 'auto' the "
+        "allgather, tree broadcast, halving-doubling allreduce: log2 N steps) up to 64 MiB, "
+        "the ring above; 'auto' the "
         "log-depth ones for small messages at 4 ranks or more (tcp transport only)",
     )
     cpu_affinity: Literal["auto", "on", "off"] = Field(

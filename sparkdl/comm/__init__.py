@@ -80,7 +80,8 @@ def create_communicator(
 
     ``mesh`` (``cluster.mesh``, TCP only; DL4J's ``MeshBuildMode``): ``"plain"`` the ring;
     ``"mesh"`` log-depth allgather, broadcast and allreduce over extra links
-    (:mod:`sparkdl.comm.mesh`, their ports sent with the ring's address); ``"auto"`` those for
+    (:mod:`sparkdl.comm.mesh`, their ports sent with the ring's address) for messages up to
+    64 MiB, the ring above; ``"auto"`` those for
     small messages at four ranks or more, the ring otherwise. With a hierarchical topology it
     applies to each ring (per host and the leaders').
     """

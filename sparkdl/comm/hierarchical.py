@@ -46,6 +46,7 @@ import numpy as np
 from sparkdl.comm.communicator import (
     Communicator,
     TrafficCounters,
+    broadcast_destination,
     check_broadcast_root,
     check_reduce_op,
     reduce_destination,
@@ -307,6 +308,23 @@ class HierarchicalCommunicator(Communicator):
                 data = self.local.broadcast(data if self.is_leader else None, root=0)
         assert data is not None
         return data
+
+    def broadcast_into(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        # as broadcast, each ring receiving in place
+        check_broadcast_root(root, self.world_size)
+        broadcast_destination(array, writable=self.rank != root)
+        root_host = next(h for h, g in enumerate(self.groups) if root in g)
+        if self.host == root_host:
+            with self._on_host:
+                self.local.broadcast_into(array, self.groups[root_host].index(root))
+        if self._across_hosts() and self.is_leader:
+            assert self.leaders is not None
+            with self._on_leaders:
+                self.leaders.broadcast_into(array, root_host)
+        if self.host != root_host:
+            with self._on_host:
+                self.local.broadcast_into(array, root=0)
+        return array
 
     def barrier(self) -> None:
         with self._on_host:

@@ -78,6 +78,12 @@ AUTO_MAX_REDUCE_BYTES = 64 << 10
 """In ``auto``, allreduce vectors up to this size use halving-doubling (0.36-0.85x the ring's
 time at 4-64 KiB and 4 to 16 ranks; at 1 MiB it lost at 100 Mbit/s)."""
 
+MESH_MAX_BYTES = 64 << 20
+"""Even in ``mesh``, larger messages and vectors go through the ring: its blocks are bounded,
+where the log-depth algorithms receive half a vector (or a whole message) at once, a copy the
+size of a model's gradient (``jobs/benchmark.py wire-size``). At that size latency no longer
+matters, and both move about the same bytes per rank."""
+
 _OP_ALLGATHER = 5
 _OP_BROADCAST = 6
 _OP_ALLREDUCE = {np.dtype(np.float32): 7, np.dtype(np.float64): 8}
@@ -221,7 +227,7 @@ class MeshCommunicator(Communicator):
         if self.world_size == 1:
             return False
         if self.mode == "mesh":
-            return True
+            return nbytes <= MESH_MAX_BYTES
         return self.world_size >= AUTO_MIN_RANKS and nbytes <= limit
 
     # Public collectives ---------------------------------------------------------------------
