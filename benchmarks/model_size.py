@@ -28,6 +28,12 @@ Adam's slots and every rank's residual) and resumed from it with ``resume=True``
 trained models must be the same bit for bit (weights and optimizer state), which they are
 only if every rank's residual, threshold and optimizer state came back exactly. Its memory
 is the peak over the three fits, checkpoint writes and reads included.
+
+Mode ``sharing-elastic`` checks an elastic relaunch's resume at size: a 2-worker sharing fit
+stopped after one epoch's checkpoint, resumed by an elastic fit with 1 worker
+(``ElasticPolicy(min_workers=1)``), as the relaunch after a lost host does: rank 1's residual
+folded into rank 0's, the data re-planned; it passes when that fit trains its remaining epoch
+on one worker from the checkpoint.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from benchmarks.report import print_table
 MODELS = ("tiny", "resnet50", "mlp-40m", "bert-base")
 MODES = ("dense", "dense-bf16", "sharing", "powersgd", "averaging")
 RESUME = "sharing-resume"  # not in the default grid: three fits
+ELASTIC = "sharing-elastic"  # nor this: two more fits
 #: Per-worker batch of each model (small: the figures are of the exchange and the memory).
 BATCH = {"tiny": 32, "resnet50": 8, "mlp-40m": 32, "bert-base": 4}
 STEPS_PER_EPOCH = 3
@@ -110,7 +117,7 @@ def master_for(mode: str, batch: int) -> Any:
         return DenseTrainingMaster(**common)
     if mode == "dense-bf16":
         return DenseTrainingMaster(**common, wire_dtype="bfloat16")
-    if mode in ("sharing", RESUME):
+    if mode in ("sharing", RESUME, ELASTIC):
         return SharedTrainingMaster(**common)
     if mode == "powersgd":
         return SharedTrainingMaster(**common, compressor=PowerSGDCompressorConfig(rank=4))
@@ -158,6 +165,8 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
         parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
         resumed_identical = (_resumes_exactly(spark, model_name, mode, uri, workdir)
                              if mode == RESUME else None)
+        if mode == ELASTIC:
+            resumed_identical = _resumes_on_fewer_workers(spark, model_name, uri, workdir)
         before_fit = _rss()  # the model built, Spark up: what a user's script holds
         started = time.perf_counter()
         fit = SparkModel(spark, model, master_for(mode, batch)).fit(
@@ -209,6 +218,30 @@ def _resumes_exactly(spark: Any, model_name: str, mode: str, uri: str, workdir: 
     resumed = fit(EPOCHS, checkpoint, resume=True)
     return len(straight) == len(resumed) and all(
         a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(straight, resumed))
+
+
+def _resumes_on_fewer_workers(spark: Any, model_name: str, uri: str, workdir: str) -> bool:
+    """Whether a 2-worker sharing fit's first-epoch checkpoint is resumed by an elastic fit on
+    1 worker, which then trains the remaining epoch."""
+    import math
+
+    from sparkdl.spark_model import SparkModel
+    from sparkdl.training.elastic import ElasticPolicy
+    from sparkdl.training.masters import SharedTrainingMaster
+
+    batch = BATCH[model_name]
+    checkpoint = f"file://{workdir}/elastic-checkpoints"
+    model, _ = build_model(model_name)
+    SparkModel(spark, model, master_for(ELASTIC, batch)).fit(
+        uri, epochs=1, verbose=0, checkpoint_dir=checkpoint)
+    model, _ = build_model(model_name)
+    one = SparkModel(spark, model, SharedTrainingMaster(batch_size_per_worker=batch,
+                                                        num_workers=1),
+                     elastic=ElasticPolicy(min_workers=1, max_failures=0))
+    fit = one.fit(uri, epochs=EPOCHS, verbose=0, checkpoint_dir=checkpoint, resume=True)
+    losses = fit.history["loss"]
+    return (fit.metrics["num_workers"] == 1 and bool(fit.metrics["resumed_from"])
+            and fit.history["workers"][-1] == 1 and all(math.isfinite(v) for v in losses))
 
 
 # The grid, from this process ----------------------------------------------------------------
@@ -335,7 +368,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "fit: the driver's peak above its memory just before fit(), over the state",
         ["model", "mode", "params", "state MB", "step ms", "MB/step", "first step s",
          "driver MB before fit", "driver MB", "JVM MB", "worker MB", "driver growth/state",
-         "driver growth in fit/state", "worker growth/state", "resumed bit for bit", "load"],
+         "driver growth in fit/state", "worker growth/state", "resumed", "load"],
         table,
     )
     return {"cells": cells}

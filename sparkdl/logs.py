@@ -38,6 +38,17 @@ TF_BANNER = re.compile(
 )
 
 
+def interactive() -> bool:
+    """Whether output goes to a person: standard output is a terminal, or a Jupyter-style
+    kernel runs this code (an imported ``ipykernel`` module alone says nothing: libraries
+    import it)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if getattr(shell, "kernel", None) is not None:
+        return True
+    return bool(getattr(sys.stdout, "isatty", lambda: False)())
+
+
 def configure_logging(level: str = "INFO") -> logging.Logger:
     """Give the ``sparkdl`` logger one stderr handler at ``level`` (the root logger and
     other libraries' loggers are left alone)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
 import sys
@@ -24,8 +25,10 @@ TEMP_ROOT = tempfile.mkdtemp(prefix="pytest-sparkdl-tmp-")
 os.environ["TMPDIR"] = tempfile.tempdir = TEMP_ROOT
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    shutil.rmtree(TEMP_ROOT, ignore_errors=True)
+# Removed at exit after multiprocessing's own finalizers (its temporary directory, inside
+# this one, is removed at priority -100; removing ours first made that one raise at exit).
+multiprocessing.util.Finalize(None, shutil.rmtree, args=(TEMP_ROOT,),
+                              kwargs={"ignore_errors": True}, exitpriority=-200)
 
 
 @pytest.fixture(autouse=True)

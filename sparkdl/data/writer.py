@@ -34,7 +34,9 @@ from sparkdl.data.metadata import (
     write_metadata,
 )
 from sparkdl.data.spark_errors import spark_data_errors
+from sparkdl.data.write_progress import files_progress
 from sparkdl.errors import ConfigurationError, DataError, SparkDLError
+from sparkdl.logs import interactive
 from sparkdl.storage import spark_uri
 
 if TYPE_CHECKING:
@@ -295,6 +297,7 @@ def write_shards(
     inputs: Sequence[TensorSpec | dict[str, Any]] | None = None,
     outputs: Sequence[TensorSpec | dict[str, Any]] | None = None,
     sample_weight: bool = False,
+    show_progress: bool | None = None,
 ) -> ShardMetadata:
     """Validate ``df`` (columns ``features``, ``label``); write it atomically as shards at ``uri``.
 
@@ -318,6 +321,9 @@ def write_shards(
 
     ``sample_weight=True``: ``df``'s numeric column ``sample_weight`` (finite, >= 0) is
     written too, and ``_sparkdl.json`` names it (``weight_column``); single-input shards only.
+
+    ``show_progress``: draw a bar of the files written while a write runs longer than 2 s
+    (:mod:`sparkdl.data.write_progress`); ``None``: in a terminal or a notebook.
     """
     from pyspark.sql import functions as F
 
@@ -405,7 +411,9 @@ def write_shards(
         )
         if row_group_bytes is not None:
             writer = writer.option("parquet.block.size", int(row_group_bytes))
-        with spark_data_errors():
+        show = interactive() if show_progress is None else show_progress
+        with spark_data_errors(), files_progress(fs, tmp_path, num_files, f"writing {uri}",
+                                                 show=show):
             writer.parquet(_spark_uri(tmp_uri, fs, tmp_path))
         meta.files = _collect_files(fs, tmp_path, tmp_uri, meta)
         written = sum(f.rows for f in meta.files)

@@ -42,6 +42,8 @@ log = logging.getLogger("sparkdl")
 REPORT_EVERY_S = 0.25
 #: The longest the driver waits for the tasks' last messages once the stage is over.
 DRAIN_S = 1.0
+#: The longest a task waits for the driver's channel: progress is not worth a long wait.
+CONNECT_S = 10.0
 ROWS = "rows"
 
 
@@ -51,7 +53,7 @@ class RowReporter:
 
     address: str
     secret: bytes
-    timeout_s: float = 10.0
+    timeout_s: float = CONNECT_S
 
     @contextlib.contextmanager
     def task(self) -> Iterator[TaskRows]:
@@ -134,7 +136,8 @@ def row_progress(spark: SparkSession, total: int, cluster: ClusterConfig | None 
     with ChannelServer(secret, bind_host=bind, advertise_host=advertise,
                        port_range=parse_port_range(cluster.port_range),
                        timeout_s=cluster.timeout_s, max_blob=0) as server:
-        progress = RowProgress(RowReporter(server.address, secret, min(cluster.timeout_s, 10.0)))
+        reporter = RowReporter(server.address, secret, min(cluster.timeout_s, CONNECT_S))
+        progress = RowProgress(reporter)
         drawer = threading.Thread(target=_draw, args=(server.inbox, bar, progress, total, stop),
                                   name="sparkdl-row-progress", daemon=True)
         drawer.start()

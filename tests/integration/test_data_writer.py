@@ -162,3 +162,20 @@ def test_a_sample_weight_column_round_trips_and_a_negative_weight_writes_nothing
     with pytest.raises(DataError, match="DataFrame has no column 'sample_weight'"):
         write_shards(df, f"file://{tmp_path}/none", feature_shape=SHAPE,
                      classes=["a", "b", "c"], sample_weight=True)
+
+
+def test_a_write_draws_a_bar_of_the_files_it_has_committed(spark, tmp_path: Path, capsys,
+                                                           monkeypatch) -> None:
+    from sparkdl.data import write_progress
+
+    df, _ = _df(spark)
+    kw = dict(feature_shape=SHAPE, classes=["a", "b", "c"], num_files=3)
+    write_shards(df, str(tmp_path / "quiet"), **kw)  # not a terminal: no bar
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(write_progress, "SHOW_AFTER_S", 0.0)  # even a short write draws it
+    monkeypatch.setattr(write_progress, "POLL_S", 0.05)
+    write_shards(df, str(tmp_path / "shown"), show_progress=True, **kw)
+    drawn = capsys.readouterr().out
+    assert drawn.endswith("\n") and drawn.count("\n") == 1
+    last = drawn.rstrip("\n").split("\r")[-1]
+    assert last.startswith(f"writing {tmp_path / 'shown'}: [") and " 3/3 files - " in last

@@ -10,10 +10,11 @@ that is not a terminal) prints one line per epoch as soon as the epoch ends::
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import keras
+
+from sparkdl.logs import interactive
 
 #: Figures the line shows in words, not as ``name value`` pairs.
 _OWN_FIGURES = frozenset({
@@ -26,21 +27,12 @@ _OWN_FIGURES = frozenset({
 def resolve_verbose(verbose: int | str) -> int:
     """Keras's ``verbose``: ``"auto"`` is 1 in a terminal or notebook, else 2."""
     if verbose == "auto":
-        interactive = _in_notebook() or bool(getattr(sys.stdout, "isatty", lambda: False)())
-        return 1 if interactive else 2
+        return 1 if interactive() else 2
     if verbose not in (0, 1, 2):
         from sparkdl.errors import ConfigurationError
 
         raise ConfigurationError(f"verbose must be 0, 1, 2 or 'auto', got {verbose!r}")
     return int(verbose)
-
-
-def _in_notebook() -> bool:
-    """Whether a Jupyter-style kernel runs this code (an imported ``ipykernel`` module alone
-    says nothing: libraries import it)."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return getattr(shell, "kernel", None) is not None
 
 
 class ProgressLogger(keras.callbacks.Callback):
