@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--png", help="scaling-model: write the extrapolation chart here")
     parser.add_argument("--harness", action="store_true",
                         help="workers: fit through Spark on the network-namespace harness "
-                        "(ranks // 2 hosts x 2 workers, 1 Gbit/s links; needs root)")
+                        "(ranks // 2 hosts x 2 workers, 1 Gbit/s links; needs root); "
+                        "model-size: 2 harness hosts x 1 worker at 1 Gbit/s and 100 Mbit/s, "
+                        "each mode against the compute-only step (needs root)")
     parser.add_argument("--scale", type=int,
                         help="etl: the digits ETL on this many copies of its rows instead of "
                         "the CSV, rows handed to Spark as an Arrow table and as Python rows")

@@ -318,6 +318,10 @@ def measure_cell(model_name: str, mode: str, workdir: str) -> dict[str, Any]:
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
+    if options.get("harness"):
+        from benchmarks import model_size_harness
+
+        return model_size_harness.run(options)
     """``quick``: tiny and resnet50 in dense and sharing. Otherwise every model and mode, or
     those named in ``options["models"]`` / ``options["modes"]`` (comma-separated)."""
     quick = bool(options.get("quick"))

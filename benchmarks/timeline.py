@@ -200,30 +200,40 @@ def write_shards(root: Path, rows: int = ROWS, seed: int = 0, num_files: int = 4
     """The scaling benchmark's data (class clusters in 256 dimensions) as a shard directory
     of ``num_files`` files, row groups of ``BATCH`` rows, written with pyarrow alone (no
     Spark)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 1, (CLASSES, INPUT_DIM)).astype(np.float32)
+    y = rng.integers(0, CLASSES, rows)
+    x = centers[y] + rng.normal(0, 1, (rows, INPUT_DIM)).astype(np.float32)
+    return write_arrays(root, x, y, classes=CLASSES, batch=BATCH, num_files=num_files)
+
+
+def write_arrays(root: Path, x: np.ndarray, y: np.ndarray, *, classes: int, batch: int,
+                 num_files: int) -> str:
+    """Features ``x`` (rows first, any shape) and class labels ``y`` as a shard directory of
+    ``num_files`` files, row groups of ``batch`` rows, written with pyarrow alone."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from sparkdl.data.metadata import FORMAT_VERSION, ShardFile, ShardMetadata, write_metadata
 
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 1, (CLASSES, INPUT_DIM)).astype(np.float32)
-    y = rng.integers(0, CLASSES, rows)
-    x = centers[y] + rng.normal(0, 1, (rows, INPUT_DIM)).astype(np.float32)
+    rows, shape = len(x), list(x.shape[1:])
+    size = int(np.prod(shape))
     root.mkdir(parents=True, exist_ok=True)
     files = []
     for k, part in enumerate(np.array_split(np.arange(rows), num_files)):
-        offsets = pa.array(np.arange(len(part) + 1) * INPUT_DIM, pa.int32())
+        offsets = pa.array(np.arange(len(part) + 1) * size, pa.int32())
         table = pa.table({
-            "features": pa.ListArray.from_arrays(offsets, pa.array(x[part].reshape(-1))),
+            "features": pa.ListArray.from_arrays(
+                offsets, pa.array(x[part].reshape(-1).astype(np.float32))),
             "label": pa.array(y[part], pa.int64()),
         })
         name = f"part-{k:05d}.parquet"
-        pq.write_table(table, root / name, row_group_size=BATCH)
-        groups = [min(BATCH, len(part) - i) for i in range(0, len(part), BATCH)]
+        pq.write_table(table, root / name, row_group_size=batch)
+        groups = [min(batch, len(part) - i) for i in range(0, len(part), batch)]
         files.append(ShardFile(name, len(part), groups))
     write_metadata(str(root), ShardMetadata(
-        format_version=FORMAT_VERSION, feature_shape=[INPUT_DIM], feature_dtype="float32",
-        label_kind="class", classes=[str(i) for i in range(CLASSES)], label_shape=[],
+        format_version=FORMAT_VERSION, feature_shape=shape, feature_dtype="float32",
+        label_kind="class", classes=[str(i) for i in range(classes)], label_shape=[],
         num_rows=rows, files=files,
     ))
     return str(root)
