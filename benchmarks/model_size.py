@@ -318,12 +318,13 @@ def measure_cell(model_name: str, mode: str, workdir: str) -> dict[str, Any]:
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
+    """``quick``: tiny and resnet50 in dense and sharing. Otherwise every model and mode, or
+    those named in ``options["models"]`` / ``options["modes"]`` (comma-separated).
+    ``harness``: the grid of :mod:`benchmarks.model_size_harness` instead."""
     if options.get("harness"):
         from benchmarks import model_size_harness
 
         return model_size_harness.run(options)
-    """``quick``: tiny and resnet50 in dense and sharing. Otherwise every model and mode, or
-    those named in ``options["models"]`` / ``options["modes"]`` (comma-separated)."""
     quick = bool(options.get("quick"))
     models = (options.get("models") or ("tiny,resnet50" if quick else ",".join(MODELS)))
     modes = (options.get("modes") or ("dense,sharing" if quick else ",".join(MODES)))
