@@ -337,9 +337,27 @@ def run_threads(
     log-depth links of :mod:`sparkdl.comm.mesh` when ``mesh`` is ``"mesh"`` or ``"auto"``);
     returns the values by rank and re-raises the first error. Threads, not processes: for
     callers whose models are built on the main thread (Keras's naming state)."""
-    import threading
-
     from sparkdl.comm import create_communicator
+
+    def body(rank: int, exchange: Callable[[str], list[str]]) -> Any:
+        comm = create_communicator("tcp", rank, world, exchange, secret=SECRET,
+                                   timeout_s=comm_timeout_s, topology=topology,
+                                   host_id=hosts[rank] if hosts else None, mesh=mesh,
+                                   wire_integrity=wire_integrity)
+        try:
+            return fn(rank, comm)
+        finally:
+            comm.close()
+
+    return run_on_threads(world, body, timeout=timeout)
+
+
+def run_on_threads(world: int, body: Callable[[int, Callable[[str], list[str]]], Any], *,
+                   timeout: float = 120.0) -> list[Any]:
+    """Run ``body(rank, exchange)`` on ``world`` threads of this process, each with its
+    exchange of one rendezvous store; returns the values by rank and re-raises the first
+    error."""
+    import threading
 
     results: list[Any] = [None] * world
     errors: list[BaseException] = []
@@ -348,14 +366,7 @@ def run_threads(
             try:
                 exchange = store_exchange(server.address, rank, world, secret=SECRET,
                                           timeout_s=30)
-                comm = create_communicator("tcp", rank, world, exchange, secret=SECRET,
-                                           timeout_s=comm_timeout_s, topology=topology,
-                                           host_id=hosts[rank] if hosts else None, mesh=mesh,
-                                           wire_integrity=wire_integrity)
-                try:
-                    results[rank] = fn(rank, comm)
-                finally:
-                    comm.close()
+                results[rank] = body(rank, exchange)
             except BaseException as exc:
                 errors.append(exc)
 

@@ -4,53 +4,36 @@ or broadcasts it (``jobs/benchmark.py wire-size`` measures the same at 300M elem
 
 from __future__ import annotations
 
-import threading
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from _comm_harness import SECRET, run_threads
+from _comm_harness import run_on_threads, run_threads
 
-from sparkdl.comm import AllGatherCommunicator, TcpStoreServer, store_exchange
+from sparkdl.comm import AllGatherCommunicator
 from sparkdl.comm import mesh as mesh_module
 
 ROUND = 1000
 
 
 def _on_rpc(world: int, fn: Callable[[int, Any, Any], Any], round_bytes: int) -> list[Any]:
-    """``fn(rank, chunked, whole)`` on ``world`` threads, each with two Spark-RPC
-    communicators over one rendezvous: one in rounds of ``round_bytes``, one unsplit; the
-    chunked one's longest message is recorded in ``fn``'s result."""
-    results: list[Any] = [None] * world
-    errors: list[BaseException] = []
-    with TcpStoreServer(SECRET) as server:
-        def run(rank: int) -> None:
-            try:
-                exchange = store_exchange(server.address, rank, world, secret=SECRET,
-                                          timeout_s=30)
-                longest = [0]
+    """``(fn(rank, chunked, whole), longest)`` on ``world`` threads, each with two Spark-RPC
+    communicators over one rendezvous: ``chunked`` in rounds of ``round_bytes``, ``whole``
+    unsplit; ``longest`` is the chunked one's longest message."""
+    def body(rank: int, exchange: Callable[[str], list[str]]) -> tuple[Any, int]:
+        longest = [0]
 
-                def measured(text: str) -> list[str]:
-                    longest[0] = max(longest[0], len(text))
-                    return exchange(text)
+        def measured(text: str) -> list[str]:
+            longest[0] = max(longest[0], len(text))
+            return exchange(text)
 
-                chunked = AllGatherCommunicator(rank, world, measured, round_bytes=round_bytes)
-                whole = AllGatherCommunicator(rank, world, exchange, round_bytes=1 << 30)
-                results[rank] = (fn(rank, chunked, whole), longest[0])
-            except BaseException as exc:
-                errors.append(exc)
+        chunked = AllGatherCommunicator(rank, world, measured, round_bytes=round_bytes)
+        whole = AllGatherCommunicator(rank, world, exchange, round_bytes=1 << 30)
+        return fn(rank, chunked, whole), longest[0]
 
-        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in threads), "ranks did not finish within 120 s"
-    if errors:
-        raise errors[0]
-    return results
+    return run_on_threads(world, body)
 
 
 def test_the_spark_transport_sends_long_messages_in_rounds_with_the_bits_of_one():
