@@ -151,3 +151,41 @@ def test_bad_fit_arguments_are_one_clear_error(spark, digits_shards):
         spark_model.fit(digits_shards["train"], verbose=3)
     with pytest.raises(ConfigurationError, match="validation_data must be the URI"):
         spark_model.fit(digits_shards["train"], validation_data=(1, 2))
+
+
+class EpochModels(keras.callbacks.Callback):
+    """Records the driver model's optimizer step and weights at every epoch's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, list[np.ndarray]]] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append((int(self.model.optimizer.iterations.numpy()),
+                          [w.copy() for w in self.model.get_weights()]))
+
+
+def test_callbacks_get_rank_0s_model_as_a_file_and_the_files_are_removed(
+    spark, digits_shards, tmp_path
+):
+    from sparkdl.models import mlp
+    from sparkdl.training.driver.run_fit import _EVENT_BLOB_MAX
+
+    keras.utils.set_random_seed(5)
+    model = mlp([8, 8, 1], 10, hidden=(512, 512))
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    # more weights than an event may carry: they can reach the driver only as a file
+    assert 4 * model.count_params() > _EVENT_BLOB_MAX
+    epochs = EpochModels()
+    store = tmp_path / "store"
+    spark_model = SparkModel(spark, model, DenseTrainingMaster(num_workers=2), store=str(store))
+    fit = spark_model.fit(digits_shards["train"], epochs=2, verbose=0, callbacks=[epochs])
+    steps = fit.metrics["steps_per_epoch"]
+    # the optimizer's state came with the weights, as the workers held them
+    assert [iterations for iterations, _ in epochs.seen] == [steps, 2 * steps]
+    assert any(not np.array_equal(a, b) for a, b in zip(epochs.seen[0][1], epochs.seen[1][1]))
+    for seen, trained in zip(epochs.seen[-1][1], spark_model.model.get_weights()):
+        np.testing.assert_array_equal(seen, trained)
+    # the driver deleted each epoch's file once read: what is left is the fit's own
+    left = sorted(p.name for p in (store / "_sparkdl_models").iterdir())
+    assert len(left) <= 2, left  # the model trained from, and rank 0's trained model

@@ -10,8 +10,9 @@ train_begin    before the first step (again after a resumed attempt):  ``learnin
 batch          every ``log_every_steps`` steps (one-way): rank 0's     —
                running loss and metrics
 epoch_end      after every epoch: the epoch's figures combined over    ``stop``,
-               all ranks (and rank 0's weights, when a callback        ``learning_rate``
-               needs them)
+               all ranks (and, when a callback needs the weights, the  ``learning_rate``
+               reference of a model file rank 0 wrote to the fit's
+               model directory: the driver loads it, then deletes it)
 =============  ======================================================  ====================
 
 The driver runs the user's ``keras.callbacks`` on its own copy of the model, then reads
@@ -22,7 +23,7 @@ same step (replicas stay bit-identical).
 
 from __future__ import annotations
 
-import io
+import dataclasses
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ import keras
 import numpy as np
 
 from sparkdl.comm.channel import ChannelClient, Message
+from sparkdl.training.model_files import ModelRef, delete_model, load_weights, write_model
 from sparkdl.training.worker.loop import TrainingLoop, WorkerCallback
 
 if TYPE_CHECKING:
@@ -42,7 +44,9 @@ log = logging.getLogger("sparkdl.training")
 
 #: Callbacks that read only the logs (never the weights): the driver needs no weights for
 #: them. Anything else (ModelCheckpoint, EarlyStopping(restore_best_weights=True), user
-#: callbacks) gets rank 0's weights after every epoch.
+#: callbacks) gets rank 0's weights and optimizer state after every epoch, through a model
+#: file (never through the channel: a model's bytes would cost the driver and rank 0 two
+#: copies of the weights each).
 _LOGS_ONLY = (
     keras.callbacks.History,
     keras.callbacks.CSVLogger,
@@ -67,17 +71,6 @@ def needs_weights(callbacks: Sequence[keras.callbacks.Callback]) -> bool:
     return False
 
 
-def weights_to_bytes(weights: Sequence[np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, *weights)
-    return buffer.getvalue()
-
-
-def weights_from_bytes(data: bytes) -> list[np.ndarray]:
-    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-        return [archive[f"arr_{i}"] for i in range(len(archive.files))]
-
-
 # Worker side ----------------------------------------------------------------------------------
 
 
@@ -87,18 +80,24 @@ class DriverLink(WorkerCallback):
     Args:
         client: rank 0's channel to the driver (``None`` on the other ranks).
         log_every_steps: send a ``batch`` event every this many steps (0: never).
-        send_weights: send rank 0's weights with every ``epoch_end`` (the replicas are made
+        send_weights: with every ``epoch_end``, rank 0 writes the model (weights and optimizer
+            state) into ``model_dir`` and sends the file's reference (the replicas are made
             identical first, so the driver sees the model the workers hold).
+        model_dir: the fit's model directory (needed with ``send_weights``).
     """
 
     timeline_name = "event channel"
 
     def __init__(
-        self, client: ChannelClient | None, *, log_every_steps: int = 0, send_weights: bool = False
+        self, client: ChannelClient | None, *, log_every_steps: int = 0,
+        send_weights: bool = False, model_dir: str | None = None,
     ) -> None:
+        if send_weights and model_dir is None:
+            raise ValueError("send_weights needs the fit's model directory (model_dir)")
         self.client = client
         self.log_every_steps = int(log_every_steps)
         self.send_weights = bool(send_weights)
+        self.model_dir = model_dir
 
     def on_train_begin(self, loop: TrainingLoop) -> None:
         answer = None
@@ -124,8 +123,12 @@ class DriverLink(WorkerCallback):
             loop.exchange.finish()
         answer = None
         if self.client is not None:
-            blob = weights_to_bytes(loop.exchange.model.get_weights()) if self.send_weights else b""
-            answer = self.client.request({"kind": "epoch_end", "epoch": epoch, "logs": logs}, blob)
+            data: dict[str, Any] = {"kind": "epoch_end", "epoch": epoch, "logs": logs}
+            if self.send_weights:
+                assert self.model_dir is not None
+                data["model"] = dataclasses.asdict(write_model(loop.exchange.model,
+                                                               self.model_dir))
+            answer = self.client.request(data)
         self._decide(loop, answer)
 
     def on_train_end(self, loop: TrainingLoop) -> None:
@@ -174,8 +177,8 @@ class DriverCallbacks:
     """Runs the fit's Keras callbacks on the driver from the workers' events.
 
     Args:
-        model: the driver's copy of the model (callbacks see it; weights arrive with events
-            when ``send_weights``).
+        model: the driver's copy of the model (callbacks see it; rank 0's weights and
+            optimizer state are loaded into it at every epoch's end when ``send_weights``).
         callbacks: the user's callbacks plus sparkdl's own (progress, TensorBoard).
         history: the :class:`keras.callbacks.History` the fit returns (filled here).
         params: Keras's ``callback.params`` (``epochs``, ``steps``, ``verbose``).
@@ -218,7 +221,7 @@ class DriverCallbacks:
             self.callbacks.on_train_batch_end(int(data["step"]), _logs(data))
             return
         elif kind == "epoch_end":
-            answer = self._end_epoch(int(data["epoch"]), _logs(data), message.blob)
+            answer = self._end_epoch(int(data["epoch"]), _logs(data), data.get("model"))
         else:
             log.warning("ignoring an event of unknown kind %r", kind)
             answer = {}
@@ -236,11 +239,17 @@ class DriverCallbacks:
             self._begun.add(epoch)
             self.callbacks.on_epoch_begin(epoch)
 
-    def _end_epoch(self, epoch: int, logs: dict[str, float], blob: bytes) -> dict[str, Any]:
-        if epoch in self._answers:  # a retried stage repeats an epoch: same answer, once
-            return self._answers[epoch]
-        if blob:
-            self.model.set_weights(weights_from_bytes(blob))
+    def _end_epoch(self, epoch: int, logs: dict[str, float],
+                   model: dict[str, Any] | None) -> dict[str, Any]:
+        ref = ModelRef(**model) if model else None
+        try:
+            if epoch in self._answers:  # a retried stage repeats an epoch: same answer, once
+                return self._answers[epoch]
+            if ref is not None:
+                load_weights(self.model, ref)
+        finally:
+            if ref is not None:
+                delete_model(ref)  # read, or not needed: rank 0 writes a new one each epoch
         self.epochs_seen.append(epoch)
         validation = {k[4:]: v for k, v in logs.items() if k.startswith("val_")}
         if validation:  # the workers validated: Keras's evaluation hooks, as in Model.fit

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sparkdl")
 
+#: The largest blob a worker's event may carry: none carries a model (rank 0's weights reach
+#: the driver's callbacks as a model file, :class:`~sparkdl.training.driver.events.DriverLink`).
+_EVENT_BLOB_MAX = 1 << 20
+
 
 class FitResult(keras.callbacks.History):
     """What ``fit`` returns: Keras's ``History`` (``history``, ``epoch``, ``params``,
@@ -144,7 +148,7 @@ def run_fit(
         )
         with ChannelServer(secret, bind_host=launcher.bind_host,
                            advertise_host=launcher.driver_host, port_range=channel.port_range,
-                           timeout_s=timeout_s, max_blob=8 * num_parameters + (64 << 20)) as server:
+                           timeout_s=timeout_s, max_blob=_EVENT_BLOB_MAX) as server:
             spec.events = EventsSpec(server.address, log_every_steps=log_every,
                                      send_weights=needs_weights(callbacks), timeout_s=timeout_s)
             driver.train_begin()

@@ -463,7 +463,8 @@ def _worker_callbacks(
                 raise TrainingError("the event channel to the driver needs the job secret")
             client = ChannelClient(spec.events.address, secret, timeout_s=spec.events.timeout_s)
         callbacks.append(DriverLink(client, log_every_steps=spec.events.log_every_steps,
-                                    send_weights=spec.events.send_weights))
+                                    send_weights=spec.events.send_weights,
+                                    model_dir=spec.model_dir))
     if spec.checkpoint is not None and store is not None:
         callbacks.append(Checkpointing(spec.checkpoint.policy, store, spec.checkpoint.run_id))
     return CallbackList(callbacks)
