@@ -91,6 +91,29 @@ def test_an_average_reads_and_writes_the_variables_own_buffers_through_one_kept_
         assert kept and sized
 
 
+def test_a_model_larger_than_the_window_is_averaged_window_by_window(monkeypatch):
+    from sparkdl.training.exchanges import averaging
+
+    monkeypatch.setattr(averaging, "AVERAGE_WINDOW", 64)
+    models = [_model() for _ in range(2)]
+
+    def train(rank: int, comm):  # type: ignore[no-untyped-def]
+        exchange = ParameterAveragingTrainingMaster(8, 2, averaging_frequency=10**6) \
+            .create_exchange(models[rank], comm, job_id=1)
+        for step, (x, y) in enumerate(_batches(rank, 2)):
+            exchange.step(x, y, step)
+        before = exchange._averaged.read()
+        exchange.average()
+        found = (before, exchange._averaged.read(), exchange._result.size)
+        exchange.close()
+        return found
+
+    (mine, mine_after, window), (theirs, theirs_after, _) = run_threads(2, train)
+    assert window == 64 < mine.size  # several windows
+    assert mine_after.tobytes() == theirs_after.tobytes()
+    np.testing.assert_allclose(mine_after, (mine + theirs) / 2, rtol=1e-6, atol=1e-7)
+
+
 def test_the_step_an_average_follows_hands_it_reads_of_the_buffers_from_its_own_graph():
     models = [_model() for _ in range(2)]
 
@@ -210,6 +233,27 @@ def test_replace_by_writes_each_variables_own_buffer_with_assigns_bits():
     for mine, theirs in zip(model.variables, twin.variables, strict=True):
         assert np.asarray(mine).tobytes() == np.asarray(theirs).tobytes()
     np.testing.assert_array_equal(FlatVariables(model.variables).read(), flat)
+
+
+def test_replace_by_a_smaller_result_vector_reduces_in_windows_in_place():
+    variables = [tf.Variable(np.arange(7, dtype=np.float32)),
+                 tf.Variable(np.arange(7, 19, dtype=np.float32).reshape(3, 4)),
+                 tf.Variable(np.arange(19, 21, dtype=np.float32))]
+    addresses = _addresses(variables)
+    out = np.empty(5, np.float32)
+    windows: list[int] = []
+
+    def double(pieces, window):  # type: ignore[no-untyped-def]
+        assert np.shares_memory(window, out)  # the kept vector, never a new one
+        windows.append(window.size)
+        window[:] = 2 * np.concatenate(pieces)
+        return window
+
+    FlatVariables(variables).replace_by(double, out)
+    assert windows == [5, 5, 5, 5, 1]  # 21 elements, pieces split across windows
+    assert _addresses(variables) == addresses  # written in place
+    np.testing.assert_array_equal(FlatVariables(variables).read(),
+                                  2 * np.arange(21, dtype=np.float32))
 
 
 def test_replace_by_falls_back_to_one_flat_read_for_other_dtypes_and_checks_the_length():

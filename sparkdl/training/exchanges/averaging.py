@@ -14,6 +14,10 @@ from sparkdl.training.exchanges.exchange import StepResult, UpdateExchange, mode
 from sparkdl.training.exchanges.variables import FlatVariables
 from sparkdl.training.weights import split_target
 
+#: The most elements one allreduce of an average carries (32 MiB of float32): a model whose
+#: weights and optimizer state are larger is averaged in windows of this size, in turn.
+AVERAGE_WINDOW = 1 << 23
+
 
 class ParameterAveragingExchange(UpdateExchange):
     """Each worker fits ``averaging_frequency`` minibatches on its own, then all workers
@@ -59,8 +63,9 @@ class ParameterAveragingExchange(UpdateExchange):
         self._average_now = False  # step_with_average: this step averages, whatever the count
         self._loss_fn = self._function(self._loss_only, reduce_retracing=True)
         self._since_average = 0
-        # an average's result, kept: its pages are touched once, not every round
-        self._result = np.empty(self._averaged.size, np.float32)
+        # an average's result window, kept: its pages are touched once, not every round;
+        # a larger vector is averaged in windows of this size (no second copy of the model)
+        self._result = np.empty(min(self._averaged.size, AVERAGE_WINDOW), np.float32)
 
     def _loss_only(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         """The averaged model's loss on the batch (the compiled metrics are not updated)."""

@@ -80,18 +80,25 @@ class FlatVariables:
         """Set the vector to ``reduce(pieces, out)`` (e.g. an allreduce of the pieces'
         concatenation into ``out``): the pieces are :meth:`host_pieces` (of ``reads`` when
         given), read in place and written back in place, else one flat :meth:`read`.
-        ``out``: a float32 vector of :attr:`size` elements that ``reduce`` may write its
-        result into."""
+        ``out``: a float32 vector that ``reduce`` may write its result into, of :attr:`size`
+        elements or fewer: then the vector is reduced in windows of ``out.size`` elements
+        in turn (one ``reduce`` each; ``reduce`` must be elementwise, as a sum or a mean
+        over ranks is), so that no buffer of the whole vector's size is needed."""
         with self.host_pieces(reads) as pieces:
             if pieces is None:
-                self.assign(reduce([self.read()], out))
+                full = out if out.size == self.size else np.empty(self.size, np.float32)
+                self.assign(reduce([self.read()], full))
                 return
-            result = reduce(pieces, out)
-            if result.shape != (self.size,):
-                raise ValueError(f"expected a vector of {self.size} elements, got "
-                                 f"{result.shape}")
-            for piece, start, stop in zip(pieces, self.offsets, self.offsets[1:]):
-                piece[:] = result[start:stop]
+            for window in _windows(pieces, out.size):
+                size = sum(piece.size for piece in window)
+                result = reduce(window, out[:size])
+                if result.shape != (size,):
+                    raise ValueError(f"expected a vector of {size} elements, got "
+                                     f"{result.shape}")
+                start = 0
+                for piece in window:
+                    piece[:] = result[start:start + piece.size]
+                    start += piece.size
 
     def split(self, flat: tf.Tensor) -> list[tf.Tensor]:
         """Split a flat tensor into tensors shaped like the variables (usable in tf.function)."""
@@ -99,6 +106,26 @@ class FlatVariables:
             tf.reshape(flat[start:stop], shape)
             for shape, start, stop in zip(self.shapes, self.offsets, self.offsets[1:])
         ]
+
+
+def _windows(pieces: Sequence[np.ndarray], limit: int) -> Iterator[list[np.ndarray]]:
+    """``pieces`` (flat arrays) in consecutive groups of at most ``limit`` elements in all, a
+    piece larger than what is left of a group split into views across groups."""
+    limit = max(1, int(limit))
+    window: list[np.ndarray] = []
+    filled = 0
+    for piece in pieces:
+        start = 0
+        while start < piece.size:
+            take = min(limit - filled, piece.size - start)
+            window.append(piece[start:start + take])
+            filled += take
+            start += take
+            if filled == limit:
+                yield window
+                window, filled = [], 0
+    if window:
+        yield window
 
 
 def weights_checksum(variables: Sequence[tf.Variable]) -> str:
