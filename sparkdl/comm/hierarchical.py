@@ -290,40 +290,38 @@ class HierarchicalCommunicator(Communicator):
             total /= total.dtype.type(self.world_size)  # never the input: a result array
         return total if out is None else out
 
-    def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
-        check_broadcast_root(root, self.world_size)
+    def _broadcast_hops(self, root: int) -> list[tuple[Communicator, RingErrors, int, bool]]:
+        """The rings a broadcast from ``root`` crosses on this rank, in order: each ring, its
+        lock, the ring's root, and whether this rank holds the data entering it (the root's
+        host ring, then the leaders', then the other hosts' rings from their leaders)."""
         root_host = next(h for h, g in enumerate(self.groups) if root in g)
-        data: bytes | None = None
+        hops: list[tuple[Communicator, RingErrors, int, bool]] = []
         if self.host == root_host:
-            local_root = self.groups[root_host].index(root)
-            with self._on_host:
-                data = self.local.broadcast(message if self.rank == root else None, local_root)
+            hops.append((self.local, self._on_host, self.groups[root_host].index(root),
+                         self.rank == root))
         if self._across_hosts() and self.is_leader:
             assert self.leaders is not None
-            with self._on_leaders:
-                data = self.leaders.broadcast(data if self.host == root_host else None,
-                                              root_host)
+            hops.append((self.leaders, self._on_leaders, root_host, self.host == root_host))
         if self.host != root_host:  # (then there are several hosts)
-            with self._on_host:
-                data = self.local.broadcast(data if self.is_leader else None, root=0)
-        assert data is not None
+            hops.append((self.local, self._on_host, 0, self.is_leader))
+        return hops
+
+    def broadcast(self, message: bytes | memoryview | None, root: int = 0) -> bytes:
+        check_broadcast_root(root, self.world_size)
+        data = message if self.rank == root else None
+        for ring, lock, ring_root, holds in self._broadcast_hops(root):
+            with lock:
+                data = ring.broadcast(data if holds else None, ring_root)
+        assert isinstance(data, bytes)  # what the last ring delivered
         return data
 
     def broadcast_into(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         # as broadcast, each ring receiving in place
         check_broadcast_root(root, self.world_size)
         broadcast_destination(array, writable=self.rank != root)
-        root_host = next(h for h, g in enumerate(self.groups) if root in g)
-        if self.host == root_host:
-            with self._on_host:
-                self.local.broadcast_into(array, self.groups[root_host].index(root))
-        if self._across_hosts() and self.is_leader:
-            assert self.leaders is not None
-            with self._on_leaders:
-                self.leaders.broadcast_into(array, root_host)
-        if self.host != root_host:
-            with self._on_host:
-                self.local.broadcast_into(array, root=0)
+        for ring, lock, ring_root, _ in self._broadcast_hops(root):
+            with lock:
+                ring.broadcast_into(array, ring_root)
         return array
 
     def barrier(self) -> None:

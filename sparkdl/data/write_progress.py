@@ -43,7 +43,7 @@ def committed_files(fs: pafs.FileSystem, path: str) -> int:
 def _line(label: str, done: int, total: int, seconds: float) -> str:
     filled = WIDTH * min(done, total) // max(total, 1)
     bar = "=" * filled + (">" if filled < WIDTH else "") + "." * (WIDTH - filled - 1)
-    return f"\r{label}: [{bar[:WIDTH]}] {min(done, total)}/{total} files - {seconds:.0f}s"
+    return f"\r{label}: [{bar}] {min(done, total)}/{total} files - {seconds:.0f}s"
 
 
 @contextlib.contextmanager
