@@ -67,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(tiny,resnet50,mlp-40m,bert-base)")
     parser.add_argument("--modes", help="model-size: the modes, comma-separated "
                         "(dense,dense-bf16,sharing,powersgd,averaging)")
+    parser.add_argument("--sessions", help="model-size: classic, connect or both, "
+                        "comma-separated (default classic)")
     parser.add_argument("--elements", type=int,
                         help="wire-size: float32 elements of the vector (default 300M)")
     parser.add_argument("--transports", help="wire-size: the transports, comma-separated "
@@ -81,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {"quick": args.quick, "cluster": args.cluster, "repeats": args.repeats,
                "cpu_only": args.cpu_only or None, "mesh": args.mesh or None,
                "ranks": args.ranks, "png": args.png, "harness": args.harness or None,
-               "models": args.models, "modes": args.modes, "scale": args.scale,
+               "models": args.models, "modes": args.modes, "sessions": args.sessions,
+               "scale": args.scale,
                "elements": args.elements,
                "transports": args.transports.split(",") if args.transports else None}
     figures = module.run({key: value for key, value in options.items() if value is not None})

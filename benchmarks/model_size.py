@@ -4,8 +4,11 @@ of every process, per model size and training mode, 2 workers on ``local[2]``.
 Each cell is a fresh job process (``python -m benchmarks.model_size --cell MODEL MODE OUT``)
 with ``spark.driver.memory=1g``; this process samples the resident memory (``VmRSS`` in
 ``/proc/PID/status``, every 0.2 s) of the job's whole process tree: the driver (the job's
-Python process), the JVM, and each Python worker the JVM started (the training tasks). The
-*state* is the model's weights and optimizer slots (Adam: 3 × the weights). Each process's
+Python process), the JVM, and each Python worker the JVM started (the training tasks). With
+``--sessions connect`` the job is a Spark Connect client (``SparkSession.builder.remote
+("local[2]")``): the JVM is the local Connect server pyspark starts, with the same 1 GB. The
+*state* is the model's weights and optimizer slots (Adam: 3 × the weights; plain SGD: the
+weights). Each process's
 *growth* is its peak above the same process's peak in the ``tiny`` cell of the same mode
 (Python, Spark and TensorFlow loaded, a 17k-parameter model): the memory the model's size
 costs. The targets: growth at most 3 × the state for a worker, 2 × for the driver.
@@ -17,7 +20,15 @@ Models (``weights=None``; shapes small enough for 2 cores):
 * ``mlp-40m``: an MLP 64 → 4096 → 4096 → 4096 → 2048 → 10 (42M);
 * ``bert-base``: a BERT-base-size Transformer encoder (vocabulary 30,522, 12 layers of width
   768, 12 heads, feed-forward 3,072; sequences of 16 tokens) with a classification head
-  (109M).
+  (109M);
+* ``bert-large``: a BERT-large-size encoder (24 layers of width 1,024, 16 heads, feed-forward
+  4,096; 334M), trained with plain SGD: the largest model that fits this machine (24 GB)
+  three times over (the driver that builds it and two workers); Adam's two slots would add
+  2.7 GB to each of them.
+
+Mode ``keras`` is the reference for the memory: the same model fitted by plain Keras
+(``model.fit`` on arrays, one process, no Spark) for the same steps, its process's peak in
+the *worker* column: the memory TensorFlow and Keras themselves take for the step.
 
 ``time to first step`` runs from the ``fit`` call to the driver's event of the first step's
 end (writing the model, starting the tasks, loading the model, tracing the step).
@@ -50,19 +61,24 @@ from typing import Any
 
 from benchmarks.report import print_table
 
-MODELS = ("tiny", "resnet50", "mlp-40m", "bert-base")
+MODELS = ("tiny", "resnet50", "mlp-40m", "bert-base", "bert-large")
 MODES = ("dense", "dense-bf16", "sharing", "powersgd", "averaging")
+SESSIONS = ("classic", "connect")
+KERAS = "keras"  # not in the default grid either: the reference, plain Keras, no Spark
 RESUME = "sharing-resume"  # not in the default grid: three fits
 ELASTIC = "sharing-elastic"  # nor this: two more fits
 #: Per-worker batch of each model (small: the figures are of the exchange and the memory).
-BATCH = {"tiny": 32, "resnet50": 8, "mlp-40m": 32, "bert-base": 4}
+BATCH = {"tiny": 32, "resnet50": 8, "mlp-40m": 32, "bert-base": 4, "bert-large": 4}
+#: Optimizer slots per weight (Adam: its two moments; plain SGD: none).
+SLOTS = {"adam": 2, "sgd": 0}
 STEPS_PER_EPOCH = 3
 EPOCHS = 2  # the second epoch's steps are the steady ones
 WORKERS = 2
 
 
 def build_model(name: str) -> tuple[Any, list[int]]:
-    """The compiled Keras model ``name`` (Adam) and its feature shape."""
+    """The compiled Keras model ``name`` (Adam; ``bert-large``: plain SGD) and its feature
+    shape."""
     import keras
 
     keras.utils.set_random_seed(1)
@@ -80,9 +96,14 @@ def build_model(name: str) -> tuple[Any, list[int]]:
     elif name == "bert-base":
         model, shape = _encoder(vocabulary=30522, length=16, width=768, layers=12, heads=12,
                                 hidden=3072), [16]
+    elif name == "bert-large":
+        model, shape = _encoder(vocabulary=30522, length=16, width=1024, layers=24, heads=16,
+                                hidden=4096), [16]
     else:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy")
+    optimizer = (keras.optimizers.SGD(1e-3) if name == "bert-large"
+                 else keras.optimizers.Adam(1e-4))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
     return model, shape
 
 
@@ -104,7 +125,9 @@ def _encoder(vocabulary: int, length: int, width: int, layers: int, heads: int,
     return keras.Model(tokens, kl.Dense(10, activation="softmax")(pooled))
 
 
-def master_for(mode: str, batch: int) -> Any:
+def master_for(mode: str, batch: int, workers: int = WORKERS) -> Any:
+    """The training master of ``mode`` (a suffix ``-overlap`` turns overlap on; ``compute``:
+    parameter averaging that never averages, the compute-only reference)."""
     from sparkdl.compression.powersgd import PowerSGDCompressorConfig
     from sparkdl.training.masters import (
         DenseTrainingMaster,
@@ -112,16 +135,20 @@ def master_for(mode: str, batch: int) -> Any:
         SharedTrainingMaster,
     )
 
-    common = {"batch_size_per_worker": batch, "num_workers": WORKERS}
-    if mode == "dense":
-        return DenseTrainingMaster(**common)
-    if mode == "dense-bf16":
-        return DenseTrainingMaster(**common, wire_dtype="bfloat16")
-    if mode in ("sharing", RESUME, ELASTIC):
-        return SharedTrainingMaster(**common)
-    if mode == "powersgd":
-        return SharedTrainingMaster(**common, compressor=PowerSGDCompressorConfig(rank=4))
-    if mode == "averaging":
+    common: dict[str, Any] = {"batch_size_per_worker": batch, "num_workers": workers}
+    base, overlap = mode.removesuffix("-overlap"), mode.endswith("-overlap")
+    if base == "compute":
+        return ParameterAveragingTrainingMaster(**common, averaging_frequency=10**9)
+    if base == "dense":
+        return DenseTrainingMaster(**common, overlap=overlap)
+    if base == "dense-bf16":
+        return DenseTrainingMaster(**common, wire_dtype="bfloat16", overlap=overlap)
+    if base in ("sharing", RESUME, ELASTIC):
+        return SharedTrainingMaster(**common, overlap=overlap)
+    if base == "powersgd":
+        return SharedTrainingMaster(**common, compressor=PowerSGDCompressorConfig(rank=4),
+                                    overlap=overlap)
+    if base == "averaging":
         return ParameterAveragingTrainingMaster(**common, averaging_frequency=2)
     raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 
@@ -129,23 +156,42 @@ def master_for(mode: str, batch: int) -> Any:
 # One cell, in its own process ---------------------------------------------------------------
 
 
-def run_cell(model_name: str, mode: str, out: str) -> None:
-    """Fit ``model_name`` in ``mode`` for a few steps and write the figures to ``out``."""
+def session(kind: str) -> Any:
+    """A ``local[2]`` session with a 1 GB driver JVM: ``classic``, or ``connect`` (a Spark
+    Connect client of the local Connect server pyspark starts, whose JVM is the driver)."""
+    if kind not in SESSIONS:
+        raise ValueError(f"unknown session {kind!r}; known: {', '.join(SESSIONS)}")
+    if kind == "classic":
+        from sparkdl.config import ClusterConfig
+        from sparkdl.session import get_spark
+
+        return get_spark(ClusterConfig(spark_conf={"spark.driver.memory": "1g"}))
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return (SparkSession.builder.remote("local[2]")
+            .config("spark.driver.memory", "1g").getOrCreate())
+
+
+def run_cell(model_name: str, mode: str, out: str, kind: str = "classic") -> None:
+    """Fit ``model_name`` in ``mode`` for a few steps on a ``kind`` session
+    (:func:`session`) and write the figures to ``out``."""
     import keras
     import numpy as np
     import pandas as pd
 
-    from sparkdl.config import ClusterConfig
     from sparkdl.data.writer import write_shards
-    from sparkdl.session import get_spark
     from sparkdl.spark_model import SparkModel
 
-    spark = get_spark(ClusterConfig(spark_conf={"spark.driver.memory": "1g"}))
+    if mode == KERAS:
+        keras_cell(model_name, out)
+        return
+    spark = session(kind)
     model, shape = build_model(model_name)
     batch = BATCH[model_name]
     rows = WORKERS * batch * STEPS_PER_EPOCH
     rng = np.random.default_rng(0)
-    high = 30522 if model_name == "bert-base" else 1
+    high = 30522 if model_name.startswith("bert") else 1
     x = (rng.integers(0, high, (rows, *shape)) if high > 1
          else rng.normal(0, 1, (rows, *shape))).astype(np.float32)
     y = rng.integers(0, 10, rows)
@@ -162,7 +208,7 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
                 if not first:
                     first.append(time.perf_counter())
 
-        parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        parameters = count_parameters(model)
         resumed_identical = (_resumes_exactly(spark, model_name, mode, uri, workdir)
                              if mode == RESUME else None)
         if mode == ELASTIC:
@@ -176,7 +222,7 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
     steady = metrics.steady_samples_per_second
     Path(out).write_text(json.dumps({
         "parameters": parameters,
-        "state_bytes": 4 * parameters * 3,  # weights + Adam's two slots
+        "state_bytes": state_bytes(model),
         "step_s": WORKERS * batch / steady if steady else None,
         "bytes_per_step": metrics.bytes_per_step,
         "dense_bytes_per_step": metrics.dense_bytes_per_step,
@@ -187,6 +233,57 @@ def run_cell(model_name: str, mode: str, out: str) -> None:
         "driver_before_fit": before_fit,
     }))
     spark.stop()
+
+
+def count_parameters(model: Any) -> int:
+    """The model's trainable parameters."""
+    import numpy as np
+
+    return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+
+
+def state_bytes(model: Any) -> int:
+    """The bytes of the model's state: its float32 weights and the optimizer's slots."""
+    slots = SLOTS[type(model.optimizer).__name__.lower()]
+    return 4 * count_parameters(model) * (1 + slots)
+
+
+def keras_cell(model_name: str, out: str) -> None:
+    """Mode ``keras``: plain ``model.fit`` of the same steps in this process, no Spark; the
+    process's peak is the reference for a worker's."""
+    import numpy as np
+
+    from sparkdl.training.worker.run_worker import configure_tensorflow
+
+    configure_tensorflow(1)  # as a training task: one core, one malloc arena
+    model, shape = build_model(model_name)
+    batch = BATCH[model_name]
+    rng = np.random.default_rng(0)
+    high = 30522 if model_name.startswith("bert") else 1
+    rows = batch * STEPS_PER_EPOCH
+    x = (rng.integers(0, high, (rows, *shape)) if high > 1
+         else rng.normal(0, 1, (rows, *shape))).astype(np.float32)
+    y = rng.integers(0, 10, rows)
+    import keras
+
+    epochs: list[float] = []
+
+    class EpochTimes(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            epochs.append(time.perf_counter())
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            epochs[-1] = time.perf_counter() - epochs[-1]
+
+    started = time.perf_counter()
+    model.fit(x, y, batch_size=batch, epochs=EPOCHS, verbose=0, callbacks=[EpochTimes()])
+    Path(out).write_text(json.dumps({
+        "parameters": count_parameters(model), "state_bytes": state_bytes(model),
+        "step_s": epochs[-1] / STEPS_PER_EPOCH, "bytes_per_step": 0,
+        "dense_bytes_per_step": 0, "first_step_s": None,
+        "fit_s": time.perf_counter() - started, "replicas_identical": None,
+        "resumed_identical": None, "driver_before_fit": 0,
+    }))
 
 
 def _rss(pid: int | str = "self") -> int:
@@ -276,14 +373,16 @@ def _tree(root: int) -> dict[int, tuple[str, int]]:
     return found
 
 
-def measure_cell(model_name: str, mode: str, workdir: str) -> dict[str, Any]:
-    """Run one cell's job and sample its process tree; its figures with each role's peak."""
-    out = os.path.join(workdir, f"{model_name}-{mode}.json")
+def measure_cell(model_name: str, mode: str, workdir: str, kind: str = "classic"
+                 ) -> dict[str, Any]:
+    """Run one cell's job on a ``kind`` session and sample its process tree; its figures
+    with each role's peak."""
+    out = os.path.join(workdir, f"{model_name}-{mode}-{kind}.json")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     job = subprocess.Popen([sys.executable, "-m", "benchmarks.model_size", "--cell",
-                            model_name, mode, out], cwd=root, env=env,
+                            model_name, mode, out, kind], cwd=root, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peaks: dict[int, tuple[str, int]] = {}
     done = threading.Event()
@@ -304,11 +403,13 @@ def measure_cell(model_name: str, mode: str, workdir: str) -> dict[str, Any]:
         sampler.join()
     if job.returncode != 0 or not os.path.exists(out):
         tail = "\n".join(stderr.strip().splitlines()[-8:])
-        return {"model": model_name, "mode": mode, "failed": tail or f"exit {job.returncode}"}
+        return {"model": model_name, "mode": mode, "session": kind,
+                "failed": tail or f"exit {job.returncode}"}
     figures = json.loads(Path(out).read_text())
-    workers = sorted((rss for role, rss in peaks.values() if role == "worker"), reverse=True)
+    workers = sorted((rss for role, rss in peaks.values()
+                      if role == ("driver" if mode == KERAS else "worker")), reverse=True)
     figures.update(
-        model=model_name, mode=mode,
+        model=model_name, mode=mode, session=kind,
         driver_peak=max((rss for role, rss in peaks.values() if role == "driver"), default=0),
         jvm_peak=max((rss for role, rss in peaks.values() if role == "jvm"), default=0),
         worker_peak=workers[0] if workers else 0,
@@ -319,7 +420,8 @@ def measure_cell(model_name: str, mode: str, workdir: str) -> dict[str, Any]:
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     """``quick``: tiny and resnet50 in dense and sharing. Otherwise every model and mode, or
-    those named in ``options["models"]`` / ``options["modes"]`` (comma-separated).
+    those named in ``options["models"]`` / ``options["modes"]`` (comma-separated), on the
+    sessions in ``options["sessions"]`` (``classic``, ``connect``; default classic).
     ``harness``: the grid of :mod:`benchmarks.model_size_harness` instead."""
     if options.get("harness"):
         from benchmarks import model_size_harness
@@ -328,24 +430,32 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     quick = bool(options.get("quick"))
     models = (options.get("models") or ("tiny,resnet50" if quick else ",".join(MODELS)))
     modes = (options.get("modes") or ("dense,sharing" if quick else ",".join(MODES)))
+    kinds = [k for k in (options.get("sessions") or "classic").split(",") if k]
+    unknown = sorted(set(kinds) - set(SESSIONS))
+    if unknown:
+        raise ValueError(f"unknown sessions {unknown}; known: {', '.join(SESSIONS)}")
     chosen = [m for m in models.split(",") if m]
     if "tiny" not in chosen:
         chosen.insert(0, "tiny")  # the baseline of every growth figure
     cells: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sparkdl-bench-size-") as workdir:
-        for model_name in chosen:
-            for mode in [m for m in modes.split(",") if m]:
-                cell = measure_cell(model_name, mode, workdir)
-                cells.append(cell)
-                print(json.dumps(cell), flush=True)
-    base = {c["mode"]: c for c in cells if c["model"] == "tiny" and "failed" not in c}
+        for kind in kinds:
+            for model_name in chosen:
+                for mode in [m for m in modes.split(",") if m]:
+                    if mode == KERAS and kind != kinds[0]:
+                        continue  # no session: once is enough
+                    cell = measure_cell(model_name, mode, workdir, kind)
+                    cells.append(cell)
+                    print(json.dumps(cell), flush=True)
+    base = {(c["mode"], c["session"]): c for c in cells
+            if c["model"] == "tiny" and "failed" not in c}
     table = []
     for cell in cells:
         if "failed" in cell:
-            table.append([cell["model"], cell["mode"], "failed: " + cell["failed"][-60:]]
-                         + [""] * 13)
+            table.append([cell["model"], cell["mode"], cell["session"],
+                          "failed: " + cell["failed"][-60:]] + [""] * 13)
             continue
-        ref = base.get(cell["mode"], cell)
+        ref = base.get((cell["mode"], cell["session"]), cell)
         state = cell["state_bytes"]
         driver_growth = (cell["driver_peak"] - ref["driver_peak"]) / state
         # the fit's own share: the peak above the driver's memory just before fit()
@@ -353,25 +463,30 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         worker_growth = (cell["worker_peak"] - ref["worker_peak"]) / state
         cell.update(driver_growth_x_state=driver_growth, worker_growth_x_state=worker_growth,
                     driver_fit_growth_x_state=fit_growth)
+        alone = cell["mode"] == KERAS  # one process: no driver, JVM or wire
         table.append([
-            cell["model"], cell["mode"], f"{cell['parameters'] / 1e6:.1f}M",
+            cell["model"], cell["mode"], "-" if alone else cell["session"],
+            f"{cell['parameters'] / 1e6:.1f}M",
             f"{state / 1e6:.0f}", f"{(cell['step_s'] or 0) * 1e3:.0f}",
-            f"{cell['bytes_per_step'] / 1e6:.1f}", f"{cell['first_step_s'] or 0:.1f}",
-            f"{cell['driver_before_fit'] / 1e6:.0f}",
-            f"{cell['driver_peak'] / 1e6:.0f}", f"{cell['jvm_peak'] / 1e6:.0f}",
+            "-" if alone else f"{cell['bytes_per_step'] / 1e6:.1f}",
+            "-" if alone else f"{cell['first_step_s'] or 0:.1f}",
+            *(["-"] * 3 if alone else [
+                f"{cell['driver_before_fit'] / 1e6:.0f}", f"{cell['driver_peak'] / 1e6:.0f}",
+                f"{cell['jvm_peak'] / 1e6:.0f}"]),
             f"{cell['worker_peak'] / 1e6:.0f}",
-            "-" if cell["model"] == "tiny" else f"{driver_growth:.2f}",
-            "-" if cell["model"] == "tiny" else f"{fit_growth:.2f}",
+            "-" if cell["model"] == "tiny" or alone else f"{driver_growth:.2f}",
+            "-" if cell["model"] == "tiny" or alone else f"{fit_growth:.2f}",
             "-" if cell["model"] == "tiny" else f"{worker_growth:.2f}",
             {None: "", True: "yes", False: "NO"}[cell.get("resumed_identical")],
             f"{cell['load']:.2f}",
         ])
     print_table(
-        f"models of real size: {WORKERS} workers on local[2], spark.driver.memory=1g, "
+        f"models of real size: {WORKERS} workers on local[2] (classic Spark or a Spark "
+        "Connect client of a local server), spark.driver.memory=1g, "
         f"{STEPS_PER_EPOCH} steps x {EPOCHS} epochs; memory: peak VmRSS per process (MB); "
         "growth: the peak above the tiny model's in the same mode, over the state; growth in "
         "fit: the driver's peak above its memory just before fit(), over the state",
-        ["model", "mode", "params", "state MB", "step ms", "MB/step", "first step s",
+        ["model", "mode", "session", "params", "state MB", "step ms", "MB/step", "first step s",
          "driver MB before fit", "driver MB", "JVM MB", "worker MB", "driver growth/state",
          "driver growth in fit/state", "worker growth/state", "resumed", "load"],
         table,
@@ -380,8 +495,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--cell":
-        run_cell(sys.argv[2], sys.argv[3], sys.argv[4])
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--cell":
+        run_cell(*sys.argv[2:])
     else:
         print("usage: python jobs/benchmark.py model-size [--quick]", file=sys.stderr)
         sys.exit(2)

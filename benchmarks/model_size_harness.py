@@ -47,7 +47,7 @@ def _shards(root: Path, model_name: str) -> str:
     _, shape = build_model(model_name)
     rows = HOSTS * BATCH[model_name] * STEPS_PER_EPOCH
     rng = np.random.default_rng(0)
-    if model_name == "bert-base":
+    if model_name.startswith("bert"):
         x = rng.integers(0, 30522, (rows, *shape)).astype(np.float32)
     else:
         x = rng.normal(0, 1, (rows, *shape)).astype(np.float32)
@@ -55,32 +55,10 @@ def _shards(root: Path, model_name: str) -> str:
                                     batch=BATCH[model_name], num_files=HOSTS)
 
 
-def _master(mode: str, batch: int) -> Any:
-    from sparkdl.compression.powersgd import PowerSGDCompressorConfig
-    from sparkdl.training.masters import (
-        DenseTrainingMaster,
-        ParameterAveragingTrainingMaster,
-        SharedTrainingMaster,
-    )
-
-    common: dict[str, Any] = {"batch_size_per_worker": batch, "num_workers": HOSTS}
-    overlap = mode.endswith("-overlap")
-    if mode == "compute":
-        return ParameterAveragingTrainingMaster(**common, averaging_frequency=10**9)
-    if mode == "dense":
-        return DenseTrainingMaster(**common)
-    if mode == "dense-bf16":
-        return DenseTrainingMaster(**common, wire_dtype="bfloat16")
-    if mode.startswith("powersgd"):
-        return SharedTrainingMaster(**common, compressor=PowerSGDCompressorConfig(rank=4),
-                                    overlap=overlap)
-    return SharedTrainingMaster(**common, overlap=overlap)
-
-
 def _fit(spark: Any, cluster: Any, uri: str, model_name: str, mode: str) -> dict[str, Any]:
     import keras
 
-    from benchmarks.model_size import BATCH, build_model
+    from benchmarks.model_size import BATCH, build_model, master_for
     from sparkdl.config import ClusterConfig
     from sparkdl.spark_model import SparkModel
 
@@ -91,7 +69,7 @@ def _fit(spark: Any, cluster: Any, uri: str, model_name: str, mode: str) -> dict
 
     cluster.set_rate(SCHEDULE[0])
     model, _ = build_model(model_name)
-    fit = SparkModel(spark, model, _master(mode, BATCH[model_name]),
+    fit = SparkModel(spark, model, master_for(mode, BATCH[model_name], workers=HOSTS),
                      cluster=ClusterConfig(topology="flat")).fit(
         uri, epochs=len(SCHEDULE), verbose=0, log_every_steps=10**6,
         callbacks=[RateSchedule()])
