@@ -69,6 +69,9 @@ RESUME = "sharing-resume"  # not in the default grid: three fits
 ELASTIC = "sharing-elastic"  # nor this: two more fits
 #: Per-worker batch of each model (small: the figures are of the exchange and the memory).
 BATCH = {"tiny": 32, "resnet50": 8, "mlp-40m": 32, "bert-base": 4, "bert-large": 4}
+#: Each model's feature shape (the encoders: token ids of a 16-token sequence).
+SHAPES = {"tiny": [64], "resnet50": [32, 32, 3], "mlp-40m": [64], "bert-base": [16],
+          "bert-large": [16]}
 #: Optimizer slots per weight (Adam: its two moments; plain SGD: none).
 SLOTS = {"adam": 2, "sgd": 0}
 STEPS_PER_EPOCH = 3
@@ -85,26 +88,25 @@ def build_model(name: str) -> tuple[Any, list[int]]:
     if name == "tiny":
         from sparkdl.models import mlp
 
-        model, shape = mlp((64,), 10), [64]
+        model = mlp((64,), 10)
     elif name == "mlp-40m":
         from sparkdl.models import mlp
 
-        model, shape = mlp((64,), 10, hidden=(4096, 4096, 4096, 2048)), [64]
+        model = mlp((64,), 10, hidden=(4096, 4096, 4096, 2048))
     elif name == "resnet50":
         model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
-        shape = [32, 32, 3]
     elif name == "bert-base":
-        model, shape = _encoder(vocabulary=30522, length=16, width=768, layers=12, heads=12,
-                                hidden=3072), [16]
+        model = _encoder(vocabulary=30522, length=16, width=768, layers=12, heads=12,
+                         hidden=3072)
     elif name == "bert-large":
-        model, shape = _encoder(vocabulary=30522, length=16, width=1024, layers=24, heads=16,
-                                hidden=4096), [16]
+        model = _encoder(vocabulary=30522, length=16, width=1024, layers=24, heads=16,
+                         hidden=4096)
     else:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     optimizer = (keras.optimizers.SGD(1e-3) if name == "bert-large"
                  else keras.optimizers.Adam(1e-4))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
-    return model, shape
+    return model, SHAPES[name]
 
 
 def _encoder(vocabulary: int, length: int, width: int, layers: int, heads: int,
@@ -177,7 +179,6 @@ def run_cell(model_name: str, mode: str, out: str, kind: str = "classic") -> Non
     """Fit ``model_name`` in ``mode`` for a few steps on a ``kind`` session
     (:func:`session`) and write the figures to ``out``."""
     import keras
-    import numpy as np
     import pandas as pd
 
     from sparkdl.data.writer import write_shards
@@ -190,11 +191,7 @@ def run_cell(model_name: str, mode: str, out: str, kind: str = "classic") -> Non
     model, shape = build_model(model_name)
     batch = BATCH[model_name]
     rows = WORKERS * batch * STEPS_PER_EPOCH
-    rng = np.random.default_rng(0)
-    high = 30522 if model_name.startswith("bert") else 1
-    x = (rng.integers(0, high, (rows, *shape)) if high > 1
-         else rng.normal(0, 1, (rows, *shape))).astype(np.float32)
-    y = rng.integers(0, 10, rows)
+    x, y = sample_data(model_name, shape, rows)
     with tempfile.TemporaryDirectory(prefix="sparkdl-bench-size-") as workdir:
         uri = f"file://{workdir}/shards"
         frame = pd.DataFrame({"features": list(x.reshape(rows, -1)), "label": y})
@@ -235,6 +232,19 @@ def run_cell(model_name: str, mode: str, out: str, kind: str = "classic") -> Non
     spark.stop()
 
 
+def sample_data(model_name: str, shape: list[int], rows: int) -> tuple[Any, Any]:
+    """``rows`` random examples for ``model_name``: token ids for the encoders, normal
+    features otherwise, and labels of 10 classes (float32 features, a fixed seed)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if model_name.startswith("bert"):
+        x = rng.integers(0, 30522, (rows, *shape))
+    else:
+        x = rng.normal(0, 1, (rows, *shape))
+    return x.astype(np.float32), rng.integers(0, 10, rows)
+
+
 def count_parameters(model: Any) -> int:
     """The model's trainable parameters."""
     import numpy as np
@@ -251,21 +261,14 @@ def state_bytes(model: Any) -> int:
 def keras_cell(model_name: str, out: str) -> None:
     """Mode ``keras``: plain ``model.fit`` of the same steps in this process, no Spark; the
     process's peak is the reference for a worker's."""
-    import numpy as np
+    import keras
 
     from sparkdl.training.worker.run_worker import configure_tensorflow
 
     configure_tensorflow(1)  # as a training task: one core, one malloc arena
     model, shape = build_model(model_name)
     batch = BATCH[model_name]
-    rng = np.random.default_rng(0)
-    high = 30522 if model_name.startswith("bert") else 1
-    rows = batch * STEPS_PER_EPOCH
-    x = (rng.integers(0, high, (rows, *shape)) if high > 1
-         else rng.normal(0, 1, (rows, *shape))).astype(np.float32)
-    y = rng.integers(0, 10, rows)
-    import keras
-
+    x, y = sample_data(model_name, shape, batch * STEPS_PER_EPOCH)
     epochs: list[float] = []
 
     class EpochTimes(keras.callbacks.Callback):

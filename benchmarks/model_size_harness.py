@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmarks.report import print_table
 
 HOSTS = 2
@@ -41,18 +39,12 @@ TARGETS = {("sharing", "1gbit"): 0.9, ("sharing", "100mbit"): 0.85,
 
 
 def _shards(root: Path, model_name: str) -> str:
-    from benchmarks.model_size import BATCH, build_model
+    from benchmarks.model_size import BATCH, SHAPES, sample_data
     from benchmarks.timeline import write_arrays
 
-    _, shape = build_model(model_name)
-    rows = HOSTS * BATCH[model_name] * STEPS_PER_EPOCH
-    rng = np.random.default_rng(0)
-    if model_name.startswith("bert"):
-        x = rng.integers(0, 30522, (rows, *shape)).astype(np.float32)
-    else:
-        x = rng.normal(0, 1, (rows, *shape)).astype(np.float32)
-    return "file://" + write_arrays(root, x, rng.integers(0, 10, rows), classes=10,
-                                    batch=BATCH[model_name], num_files=HOSTS)
+    x, y = sample_data(model_name, SHAPES[model_name], HOSTS * BATCH[model_name] * STEPS_PER_EPOCH)
+    return "file://" + write_arrays(root, x, y, classes=10, batch=BATCH[model_name],
+                                    num_files=HOSTS)
 
 
 def _fit(spark: Any, cluster: Any, uri: str, model_name: str, mode: str) -> dict[str, Any]:
@@ -86,7 +78,7 @@ def _fit(spark: Any, cluster: Any, uri: str, model_name: str, mode: str) -> dict
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    from benchmarks.model_size import build_model
+    from benchmarks.model_size import build_model, count_parameters
     from benchmarks.netcluster import NetCluster, check_privileges
     from benchmarks.scaling import _session
 
@@ -106,7 +98,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             for model_name in models:
                 uri = _shards(workdir / model_name, model_name)
                 model, _ = build_model(model_name)
-                parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+                parameters = count_parameters(model)
                 del model
                 for mode in modes:
                     measured = _fit(spark, cluster, uri, model_name, mode)
